@@ -1,0 +1,1 @@
+"""Framework-neutral core of the benchmark harness: imports neither TensorFlow nor JAX."""

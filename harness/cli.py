@@ -1,0 +1,258 @@
+"""The command line: run, list, describe, summarize, compare, check.
+
+Every user error becomes one line `run_benchmark.py: error: ...` and exit code 2, raised
+before any log or result file is opened.
+"""
+import argparse
+import os
+import sys
+
+from harness import config as config_lib
+from harness import registry, rules
+from harness.errors import EXIT_USAGE, UsageError
+
+
+class _Parser(argparse.ArgumentParser):
+  def error(self, message):            # one line, exit 2, no usage dump
+    raise UsageError(message)
+
+
+def _positive_int(text):
+  try:
+    value = int(text)
+  except ValueError:
+    raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+  if value < 1:
+    raise argparse.ArgumentTypeError(f"{value} is out of range; allowed: an integer >= 1")
+  return value
+
+
+def _int(text):
+  try:
+    return int(text)
+  except ValueError:
+    raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+
+
+def _fraction(text):
+  try:
+    value = float(text)
+  except ValueError:
+    raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+  if not 0 <= value < 1:
+    raise argparse.ArgumentTypeError(f"{value} is out of range; allowed: 0 <= value < 1")
+  return value
+
+
+def _add_workload_args(p, with_framework=True):
+  p.add_argument("workload", help=f"one of: {', '.join(registry.names())}")
+  if with_framework:
+    p.add_argument("--framework", default="jax", choices=config_lib.FRAMEWORKS)
+  p.add_argument("--preset", default="mini", choices=config_lib.PRESETS,
+                 help="mini: scaled-down model on generated data (default); reference: the "
+                      "MLPerf recipe on the real dataset; synthetic: throughput on random data")
+  p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                 help="override a config value, e.g. train.global_batch_size=128 (repeatable)")
+  p.add_argument("--cpu-devices", type=_positive_int, metavar="N",
+                 help="simulate N devices on a CPU host")
+
+
+def build_parser():
+  parser = _Parser(prog="run_benchmark.py",
+                   description="MLPerf-style time-to-train benchmarks for TensorFlow and JAX.")
+  sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+
+  p = sub.add_parser("run", help="train a workload to its quality target; append result rows",
+                     description="Train WORKLOAD to its quality target under MLPerf compliance "
+                                 "logging and append one row per run to the result CSV.")
+  _add_workload_args(p)
+  p.add_argument("--runs", type=_positive_int, default=1, help="number of runs (default 1)")
+  p.add_argument("--seed", type=_int, help="seed of the first run (run i uses seed+i); "
+                                           "default: random per run")
+  p.add_argument("--steps", type=_positive_int,
+                 help="cap on training steps (the step count of a synthetic run)")
+  p.add_argument("--data-dir", help="tensorflow-datasets data dir (reference preset)")
+  p.add_argument("--results", default="results/results.csv", help="result CSV to append to")
+  p.add_argument("--log-dir", default="logs", help="folder for the MLPerf logs")
+  p.add_argument("--system", default="", help="system name in the result rows "
+                                              "(default: the host name)")
+  p.add_argument("--echo-log", action="store_true", help="also print the :::MLLOG lines")
+
+  sub.add_parser("list", help="workloads, frameworks and presets",
+                 description="List the workloads, frameworks and presets that exist.")
+
+  p = sub.add_parser("describe", help="parameter count, FLOPs per example, batch, optimizer",
+                     description="Build and compile WORKLOAD and print its parameter count, "
+                                 "training FLOPs per example (from the compiled program), "
+                                 "global batch size, optimizer and target.")
+  _add_workload_args(p)
+
+  p = sub.add_parser("summarize", help="MLPerf olympic scores of result CSVs or MLPerf folders",
+                     description="Olympic scores (minutes) per system and benchmark, for result "
+                                 "CSVs of this harness and MLPerf result folders alike.")
+  p.add_argument("paths", nargs="+", metavar="PATH",
+                 help="a result CSV, or an MLPerf results folder / submission package")
+  p.add_argument("--csv", help="also write the summary to this CSV")
+
+  p = sub.add_parser("compare", help="regression gate between two result CSVs (exit 1)",
+                     description="Compare two result CSVs; exit 1 if any workload regressed "
+                                 "beyond the threshold (time-to-train or throughput).")
+  p.add_argument("baseline")
+  p.add_argument("new")
+  p.add_argument("--threshold", type=_fraction, default=0.05,
+                 help="relative change that counts as a regression (default 0.05)")
+
+  p = sub.add_parser("check", help="official MLPerf compliance check of a log (exit 0/1)",
+                     description="Run mlperf_logging's compliance checker on LOG with the "
+                                 "ruleset pinned in rules/ for its benchmark.")
+  p.add_argument("log")
+  p.add_argument("--ruleset", help="override the ruleset, e.g. 4.0.0")
+  return parser
+
+
+# ----------------------------------------------------------------------------- commands
+
+def _prepare_devices(framework, cpu_devices):
+  """Must run before the framework is imported: simulated CPU devices are fixed at import."""
+  if cpu_devices and framework == "jax":
+    flags = os.environ.get("XLA_FLAGS", "")
+    os.environ["XLA_FLAGS"] = (flags + f" --xla_force_host_platform_device_count={cpu_devices}")
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+def _workload_config(args):
+  spec = registry.get(args.workload)
+  cfg = spec.config(args.preset)
+  config_lib.apply_overrides(cfg, args.overrides)
+  return spec, cfg
+
+
+def _check_data_dir(spec, args):
+  if args.preset not in spec.needs_data_dir:
+    return
+  if not args.data_dir:
+    raise UsageError(f"--data-dir is required for --preset {args.preset}; allowed: a "
+                     "tensorflow-datasets data dir holding imagenet2012")
+  if not os.path.isdir(args.data_dir) or not os.listdir(args.data_dir):
+    raise UsageError(f"--data-dir {args.data_dir!r} is missing or empty; allowed: a "
+                     "tensorflow-datasets data dir holding the prepared dataset")
+
+
+def cmd_run(args):
+  from harness import driver, results
+  spec, cfg = _workload_config(args)
+  _check_data_dir(spec, args)
+  results.check_writable(args.results)
+  bench_rules = rules.load(spec.mlperf_benchmark)
+  if args.preset == "reference" and cfg.train.target != bench_rules.target:
+    raise UsageError(f"train.target={cfg.train.target} differs from the MLPerf target "
+                     f"{bench_rules.target} in rules/{spec.mlperf_benchmark}.yaml")
+  _prepare_devices(args.framework, args.cpu_devices)
+  opts = driver.RunOptions(framework=args.framework, preset=args.preset, runs=args.runs,
+                           seed=args.seed, steps=args.steps, data_dir=args.data_dir,
+                           results_path=args.results, log_dir=args.log_dir, system=args.system,
+                           echo_log=args.echo_log)
+  from harness.workload import RunContext
+  def make_trainer(seed):
+    ctx = RunContext(seed=seed, preset=args.preset, data_dir=args.data_dir)
+    try:
+      return spec.make_trainer(args.framework, cfg, ctx)
+    except ValueError as e:                        # an impossible config for these devices
+      raise UsageError(str(e)) from None
+  rows = driver.run_all(spec, cfg, opts, make_trainer)
+  return 0 if all(r.status == "success" for r in rows) else 1
+
+
+def cmd_list(_):
+  print("frameworks: " + ", ".join(config_lib.FRAMEWORKS))
+  print("presets:    " + ", ".join(config_lib.PRESETS))
+  print("workloads:")
+  for name in registry.names():
+    spec = registry.get(name)
+    target = rules.load(spec.mlperf_benchmark).target
+    print(f"  {name:12s} {spec.title} (MLPerf '{spec.mlperf_benchmark}', {spec.metric_name} "
+          f">= {target}); frameworks: {', '.join(spec.trainer_modules)}; "
+          f"presets: {', '.join(spec.presets)}")
+  return 0
+
+
+def cmd_describe(args):
+  spec, cfg = _workload_config(args)
+  _prepare_devices(args.framework, args.cpu_devices)
+  import copy
+  from harness.workload import RunContext
+  gbs = cfg.train.global_batch_size
+  # FLOPs per example do not depend on the batch: compile a small batch to keep this quick.
+  small = copy.deepcopy(cfg)
+  small.train.global_batch_size = args.cpu_devices or 1
+  small.data.eval_batch_size = small.train.global_batch_size
+  try:
+    trainer = spec.make_trainer(args.framework, small, RunContext(seed=0, preset=args.preset))
+  except ValueError as e:
+    raise UsageError(str(e)) from None
+  trainer.init()
+  info = trainer.describe()
+  opt = cfg.optimizer
+  print(f"workload:                 {spec.name} ({spec.title}), {args.framework}, "
+        f"preset {args.preset}")
+  print(f"parameters:               {info['parameters']:,}")
+  print(f"train FLOPs per example:  {info['train_flops_per_example']:.4g}")
+  print(f"global batch size:        {gbs}")
+  print(f"optimizer:                {opt.name} (base lr {opt.base_learning_rate}, warmup "
+        f"{opt.warmup_epochs} epochs, weight decay {opt.weight_decay}, momentum "
+        f"{opt.momentum})")
+  print(f"precision:                {cfg.train.precision}")
+  print(f"target:                   {spec.metric_name} >= {cfg.train.target} "
+        f"(eval every {cfg.train.eval_every_epochs} epochs, budget {cfg.train.max_epochs})")
+  return 0
+
+
+def cmd_summarize(args):
+  from harness import summarize
+  table = summarize.summarize(args.paths)
+  if args.csv:
+    from harness.results import check_writable
+    check_writable(args.csv, require_our_header=False)
+    table.to_csv(args.csv, index=False)
+  import pandas as pd
+  with pd.option_context("display.max_rows", None, "display.width", 200,
+                         "display.max_colwidth", 60):
+    print(table.to_string(index=False, float_format=lambda v: f"{v:.4f}"))
+  return 0
+
+
+def cmd_compare(args):
+  from harness import compare
+  table = compare.compare(args.baseline, args.new, args.threshold)
+  import pandas as pd
+  with pd.option_context("display.width", 200):
+    print(table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+  regressed = compare.is_regression(table)
+  print(f"verdict: {'REGRESSION' if regressed else 'no regression'} "
+        f"(threshold {args.threshold:.0%})")
+  return 1 if regressed else 0
+
+
+def cmd_check(args):
+  from harness import compliance
+  passed, report = compliance.check(args.log, args.ruleset)
+  print(report)
+  print(f"compliance check: {'PASSED' if passed else 'FAILED'} ({args.log})")
+  return 0 if passed else 1
+
+
+COMMANDS = {"run": cmd_run, "list": cmd_list, "describe": cmd_describe,
+            "summarize": cmd_summarize, "compare": cmd_compare, "check": cmd_check}
+
+
+def main(argv=None) -> int:
+  parser = build_parser()
+  try:
+    args = parser.parse_args(argv)
+    if args.command is None:
+      raise UsageError(f"a command is required; choose one of: {', '.join(COMMANDS)}")
+    return COMMANDS[args.command](args)
+  except UsageError as e:
+    print(f"run_benchmark.py: error: {e}", file=sys.stderr)
+    return EXIT_USAGE

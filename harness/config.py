@@ -1,0 +1,145 @@
+"""Typed configs, presets and `--set a.b=value` overrides.
+
+A workload's config is a tree of dataclasses (see workloads/*/spec.py). Overrides are parsed
+with the declared field type, so `--set train.global_batch_size=abc` fails with a message
+that names the key, the value and the expected type, before anything runs.
+"""
+import dataclasses
+import typing
+from typing import Any
+
+from harness.errors import UsageError
+
+FRAMEWORKS = ("jax", "tf")
+PRESETS = ("mini", "reference", "synthetic")
+PRECISIONS = ("float32", "bfloat16")
+
+
+@dataclasses.dataclass
+class TrainConfig:
+  """The timed loop's settings, common to every workload."""
+  global_batch_size: int = 32
+  max_epochs: float = 40.0            # budget: run_stop(aborted) when spent without the target
+  eval_every_epochs: int = 4          # MLPerf cadence (rules/<benchmark>.yaml)
+  eval_offset_epochs: int = 0         # first eval after eval_every - offset epochs (MLPerf allows it)
+  target: float = 0.759               # quality target on the workload's metric
+  precision: str = "float32"          # float32 | bfloat16 (mixed: bf16 compute, f32 params)
+  synthetic_steps: int = 100          # steps of a synthetic (throughput-only) run
+  steps_per_loop: int = 0             # 0: one loop per eval block; >0: progress every N steps
+
+  def validate(self):
+    _positive(self, "global_batch_size", "max_epochs", "eval_every_epochs", "synthetic_steps")
+    _check_range("train.eval_offset_epochs", self.eval_offset_epochs, 0, self.eval_every_epochs - 1)
+    _check_range("train.steps_per_loop", self.steps_per_loop, 0, None)
+    _check_choice("train.precision", self.precision, PRECISIONS)
+    if not 0.0 < self.target < 1.0:
+      raise UsageError(f"train.target={self.target!r} is out of range; allowed: 0 < target < 1")
+
+
+@dataclasses.dataclass
+class OptimizerConfig:
+  """LARS / SGD+momentum with linear warmup then polynomial decay (MLPerf ResNet)."""
+  name: str = "lars"                  # lars | sgd
+  base_learning_rate: float = 10.0
+  warmup_epochs: float = 5.0
+  end_learning_rate: float = 1e-4
+  decay_poly_power: float = 2.0
+  weight_decay: float = 2e-4
+  momentum: float = 0.9
+  lars_eta: float = 0.001             # trust coefficient
+  lars_epsilon: float = 0.0
+  label_smoothing: float = 0.1
+
+  def validate(self):
+    _check_choice("optimizer.name", self.name, ("lars", "sgd"))
+    _positive(self, "base_learning_rate")
+    for key in ("warmup_epochs", "end_learning_rate", "weight_decay", "lars_epsilon"):
+      _check_range(f"optimizer.{key}", getattr(self, key), 0.0, None)
+    _check_range("optimizer.momentum", self.momentum, 0.0, 1.0)
+    _check_range("optimizer.label_smoothing", self.label_smoothing, 0.0, 1.0)
+    _positive(self, "lars_eta", "decay_poly_power")
+
+
+def _positive(obj, *names):
+  section = type(obj).__name__.replace("Config", "").lower()
+  for name in names:
+    value = getattr(obj, name)
+    if not value > 0:
+      raise UsageError(f"{section}.{name}={value!r} is out of range; allowed: a number > 0")
+
+
+def _check_range(key, value, low, high):
+  if (low is not None and value < low) or (high is not None and value > high):
+    bounds = f"{low} <= value" + (f" <= {high}" if high is not None else "")
+    raise UsageError(f"{key}={value!r} is out of range; allowed: {bounds}")
+
+
+def _check_choice(key, value, allowed):
+  if value not in allowed:
+    raise UsageError(f"{key}={value!r} is not allowed; choose one of: {', '.join(allowed)}")
+
+
+def validate_tree(cfg):
+  """Calls validate() on every dataclass in the tree that has one."""
+  for field in dataclasses.fields(cfg):
+    value = getattr(cfg, field.name)
+    if dataclasses.is_dataclass(value):
+      validate_tree(value)
+  if hasattr(cfg, "validate"):
+    cfg.validate()
+
+
+def flatten(cfg, prefix="") -> dict[str, Any]:
+  """{'train.global_batch_size': 32, ...}: for logs, `describe`, and the error messages."""
+  out = {}
+  for field in dataclasses.fields(cfg):
+    value = getattr(cfg, field.name)
+    if dataclasses.is_dataclass(value):
+      out.update(flatten(value, f"{prefix}{field.name}."))
+    else:
+      out[f"{prefix}{field.name}"] = value
+  return out
+
+
+def _parse_value(key: str, text: str, kind):
+  origin = typing.get_origin(kind)
+  if origin is tuple:
+    (item_kind, *_) = typing.get_args(kind)
+    items = [t for t in text.replace("(", "").replace(")", "").split(",") if t.strip()]
+    return tuple(_parse_value(key, t.strip(), item_kind) for t in items)
+  if kind is bool:
+    lowered = text.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+      return True
+    if lowered in ("0", "false", "no", "off"):
+      return False
+    raise UsageError(f"--set {key}={text!r}: not a bool; allowed: true or false")
+  try:
+    return kind(text)
+  except (TypeError, ValueError):
+    raise UsageError(f"--set {key}={text!r}: not a valid {kind.__name__}") from None
+
+
+def apply_overrides(cfg, overrides: list[str]):
+  """Applies `a.b=value` strings to a dataclass tree, in place; returns cfg."""
+  allowed = sorted(flatten(cfg))
+  for item in overrides:
+    key, sep, text = item.partition("=")
+    key = key.strip()
+    if not sep or not key:
+      raise UsageError(f"--set {item!r}: expected KEY=VALUE, e.g. train.global_batch_size=64")
+    path = key.split(".")
+    target = cfg
+    for part in path[:-1]:
+      if not (dataclasses.is_dataclass(target) and hasattr(target, part)):
+        target = None
+        break
+      target = getattr(target, part)
+    leaf = path[-1]
+    if (target is None or not dataclasses.is_dataclass(target) or leaf not in
+        {f.name for f in dataclasses.fields(target)} or dataclasses.is_dataclass(getattr(target, leaf))):
+      raise UsageError(f"--set {key}: no such key; allowed: {', '.join(allowed)}")
+    hints = typing.get_type_hints(type(target))
+    setattr(target, leaf, _parse_value(key, text, hints[leaf]))
+  validate_tree(cfg)
+  return cfg

@@ -1,0 +1,273 @@
+"""The timed loop (DESIGN §3): owns time, MLPerf logging, eval cadence and stopping.
+
+The driver never touches tensors: it calls a Trainer's init/train/evaluate and logs around
+them. Compilation happens inside init (before run_start); the trainer reads no data before
+its first train() call, which is after run_start.
+"""
+import dataclasses
+import datetime
+import math
+import os
+import platform
+import socket
+import subprocess
+import sys
+import time
+import traceback
+import uuid
+
+from harness import results
+from harness.mllog import RunLog, constants as C
+
+# Dense peak FLOP/s per device for MFU, by device_kind substring and precision.
+PEAK_FLOPS = {
+    ("H100", "bfloat16"): 989e12, ("H100", "float32"): 67e12,
+    ("H200", "bfloat16"): 989e12, ("H200", "float32"): 67e12,
+    ("A100", "bfloat16"): 312e12, ("A100", "float32"): 19.5e12,
+    ("TPU v4", "bfloat16"): 275e12, ("TPU v5", "bfloat16"): 459e12,
+}
+
+
+@dataclasses.dataclass
+class RunOptions:
+  framework: str
+  preset: str
+  runs: int = 1
+  seed: int | None = None          # None: a fresh random seed per run (logged)
+  steps: int | None = None         # caps training steps (the budget for synthetic runs)
+  data_dir: str | None = None
+  results_path: str = "results/results.csv"
+  log_dir: str = "logs"
+  system: str = ""
+  echo_log: bool = False
+
+
+def blocks(max_epochs, eval_every, eval_offset):
+  """[(first_epoch_num, epoch_count)]: eval after each block (MLPerf eval cadence)."""
+  out, epoch = [], 0
+  count = eval_every - eval_offset
+  while epoch < max_epochs:
+    count = min(count, max_epochs - epoch)
+    out.append((epoch, count))
+    epoch += count
+    count = eval_every
+  return out
+
+
+def _git_commit():
+  try:
+    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                          text=True, cwd=os.path.dirname(os.path.abspath(__file__)),
+                          timeout=10).stdout.strip()
+  except (OSError, subprocess.SubprocessError):
+    return ""
+
+
+def _versions():
+  from importlib import metadata
+  parts = [f"python={platform.python_version()}"]
+  for package in ("tensorflow", "jax", "flax", "optax", "keras"):
+    try:
+      parts.append(f"{package}={metadata.version(package)}")
+    except metadata.PackageNotFoundError:
+      pass
+  return ";".join(parts)
+
+
+def _mfu(flops_per_example, throughput, device_kind, num_devices, precision):
+  for (kind, prec), peak in PEAK_FLOPS.items():
+    if kind in device_kind and prec == precision and flops_per_example and throughput:
+      return flops_per_example * throughput / (peak * num_devices)
+  return None
+
+
+class Run:
+  """One timed run: logs, stops at the target or the budget, and yields a ResultRow."""
+
+  def __init__(self, spec, cfg, opts: RunOptions, index: int, trainer, seed: int):
+    self.spec, self.cfg, self.opts = spec, cfg, opts
+    self.trainer, self.seed = trainer, seed
+    stamp = datetime.datetime.now(datetime.timezone.utc)
+    self.started_at = stamp.isoformat(timespec="seconds")
+    self.run_id = (f"{spec.name}_{opts.framework}_{opts.preset}_"
+                   f"{stamp.strftime('%Y%m%dT%H%M%S')}_{index}_{uuid.uuid4().hex[:6]}")
+    os.makedirs(opts.log_dir, exist_ok=True)
+    self.log_path = os.path.join(opts.log_dir, self.run_id + ".log")
+
+  def _print(self, message):
+    print(f"[{self.run_id}] {message}", flush=True)
+
+  def execute(self) -> results.ResultRow:
+    log = RunLog(self.log_path, echo=self.opts.echo_log)
+    try:
+      return self._execute(log)
+    finally:
+      log.close()
+
+  def _log_init_keys(self, log):
+    cfg, trainer = self.cfg, self.trainer
+    closed = self.opts.preset == "reference"
+    log.event(C.SUBMISSION_BENCHMARK, self.spec.mlperf_benchmark)
+    log.event(C.SUBMISSION_DIVISION, C.CLOSED if closed else C.OPEN)
+    log.event(C.SUBMISSION_ORG, "mlperf-tf-jax-harness")
+    log.event(C.SUBMISSION_PLATFORM, f"{trainer.num_devices}x{trainer.device_kind}")
+    log.event(C.SUBMISSION_STATUS, "research")
+    log.event(C.SEED, self.seed)
+    log.event(C.GLOBAL_BATCH_SIZE, cfg.train.global_batch_size)
+    log.event(C.GRADIENT_ACCUMULATION_STEPS, 1)
+    log.event(C.TRAIN_SAMPLES, trainer.train_examples)
+    log.event(C.EVAL_SAMPLES, trainer.eval_examples)
+    if self.spec.bn_span:
+      log.event(C.MODEL_BN_SPAN, self.spec.bn_span(cfg, trainer.num_devices))
+    for key, value in self.spec.mllog_hyperparameters(cfg, trainer.train_examples).items():
+      log.event(key, value)
+
+  def _execute(self, log) -> results.ResultRow:
+    cfg, trainer, opts = self.cfg, self.trainer, self.opts
+    gbs = cfg.train.global_batch_size
+    synthetic = opts.preset == "synthetic"
+    per_epoch = math.ceil(trainer.train_examples / gbs)
+    max_steps = cfg.train.max_epochs * per_epoch
+    if synthetic:
+      max_steps = opts.steps or cfg.train.synthetic_steps
+    elif opts.steps:
+      max_steps = min(max_steps, opts.steps)
+
+    row = dict(status=C.ABORTED, abort_reason="", time_to_train_s=None, epochs=None,
+               samples=None, metric=None, throughput=None, init_s=0.0, flops=None)
+    log.event(C.CACHE_CLEAR, True)
+    init_start = time.time()
+    log.start(C.INIT_START)
+    run_start = None
+    try:
+      self._log_init_keys(log)
+      trainer.init()
+      row["flops"] = trainer.describe().get("train_flops_per_example")
+      log.end(C.INIT_STOP)
+      run_start = time.time()
+      row["init_s"] = run_start - init_start
+      log.start(C.RUN_START, time_ms=int(run_start * 1000))
+      self._print(f"init {row['init_s']:.1f}s on {trainer.num_devices}x{trainer.device_kind}; "
+                  f"log {self.log_path}")
+      if synthetic:
+        self._synthetic(log, max_steps, row)
+      else:
+        self._train_to_target(log, per_epoch, max_steps, row)
+    except KeyboardInterrupt:
+      row["abort_reason"] = "interrupted"
+      raise
+    except Exception as e:  # pylint: disable=broad-except  # every run ends in a row
+      row["abort_reason"] = f"{type(e).__name__}: {e}".replace("\n", " ")[:300]
+      traceback.print_exc(file=sys.stderr)
+    finally:
+      run_stop = time.time()
+      if run_start is None:                        # failed during init
+        log.end(C.INIT_STOP)
+        log.start(C.RUN_START, time_ms=int(run_stop * 1000))
+        run_start = run_stop
+      log.end(C.RUN_STOP, time_ms=int(run_stop * 1000), status=row["status"])
+      if row["status"] == C.SUCCESS and not synthetic:
+        row["time_to_train_s"] = (int(run_stop * 1000) - int(run_start * 1000)) / 1000
+      result = self._row(row)
+      results.append_row(opts.results_path, result)
+      self._print(f"run_stop status={row['status']}"
+                  + (f" ({row['abort_reason']})" if row["abort_reason"] else "")
+                  + (f" time_to_train={result.time_to_train_s:.1f}s"
+                     if result.time_to_train_s is not None else "")
+                  + f"; row appended to {opts.results_path}")
+    return result
+
+  def _synthetic(self, log, steps, row):
+    log.start(C.BLOCK_START, first_epoch_num=0, epoch_count=1)
+    start = time.time()
+    metrics = self.trainer.train(steps)
+    elapsed = time.time() - start
+    log.end(C.BLOCK_STOP, first_epoch_num=0, epoch_count=1)
+    row["throughput"] = steps * self.cfg.train.global_batch_size / elapsed
+    row["samples"] = steps * self.cfg.train.global_batch_size
+    if not math.isfinite(metrics["loss"]):
+      row["abort_reason"] = f"non-finite loss {metrics['loss']}"
+      return
+    row["status"] = C.SUCCESS
+    self._print(f"{steps} steps | {row['throughput']:.1f} samples/s | loss {metrics['loss']:.4f}")
+
+  def _train_to_target(self, log, per_epoch, max_steps, row):
+    cfg, trainer = self.cfg, self.trainer
+    gbs, target = cfg.train.global_batch_size, cfg.train.target
+    steps_done, train_time = 0, 0.0
+    run_start = time.time()
+    for first_epoch, count in blocks(cfg.train.max_epochs, cfg.train.eval_every_epochs,
+                                     cfg.train.eval_offset_epochs):
+      block_steps = min((first_epoch + count) * per_epoch, max_steps) - steps_done
+      if block_steps <= 0:
+        break
+      log.start(C.BLOCK_START, first_epoch_num=first_epoch, epoch_count=count)
+      start = time.time()
+      metrics = self._train_block(block_steps)
+      train_time += time.time() - start
+      steps_done += block_steps
+      epoch = steps_done / per_epoch
+      if not math.isfinite(metrics["loss"]):
+        log.end(C.BLOCK_STOP, first_epoch_num=first_epoch, epoch_count=count)
+        row["abort_reason"] = f"non-finite loss {metrics['loss']} at epoch {epoch:g}"
+        return
+      epoch_num = first_epoch + count
+      log.start(C.EVAL_START, epoch_num=epoch_num)
+      accuracy = trainer.evaluate()["accuracy"]
+      log.event(C.EVAL_ACCURACY, accuracy, epoch_num=epoch_num)
+      log.end(C.EVAL_STOP, epoch_num=epoch_num)
+      log.end(C.BLOCK_STOP, first_epoch_num=first_epoch, epoch_count=count)
+      row.update(metric=accuracy, epochs=epoch, samples=steps_done * gbs,
+                 throughput=steps_done * gbs / train_time)
+      self._print(f"epoch {epoch:g}/{cfg.train.max_epochs} | {steps_done * gbs / train_time:.1f}"
+                  f" samples/s | loss {metrics['loss']:.4f} | lr {metrics['lr']:.4g} | "
+                  f"{self.spec.metric_name} {accuracy:.4f} (target {target}) | "
+                  f"elapsed {time.time() - run_start:.1f}s")
+      if accuracy >= target:
+        row["status"] = C.SUCCESS
+        return
+    row["abort_reason"] = (f"target {target} not reached within {steps_done} steps "
+                           f"({steps_done / per_epoch:g} epochs)")
+
+  def _train_block(self, block_steps):
+    """Runs a block as one trainer call, or in chunks of train.steps_per_loop for progress."""
+    chunk = self.cfg.train.steps_per_loop or block_steps
+    metrics, done = {}, 0
+    while done < block_steps:
+      n = min(chunk, block_steps - done)
+      metrics = self.trainer.train(n)
+      done += n
+      if not math.isfinite(metrics["loss"]):
+        break
+    return metrics
+
+  def _row(self, r) -> results.ResultRow:
+    cfg, trainer, opts = self.cfg, self.trainer, self.opts
+    synthetic = opts.preset == "synthetic"
+    return results.ResultRow(
+        run_id=self.run_id, started_at=self.started_at,
+        system=opts.system or socket.gethostname(), workload=self.spec.name,
+        mlperf_benchmark=self.spec.mlperf_benchmark, framework=opts.framework,
+        preset=opts.preset, status=r["status"], abort_reason=r["abort_reason"],
+        time_to_train_s=r["time_to_train_s"], init_s=round(r["init_s"], 3),
+        epochs_to_converge=r["epochs"] if r["status"] == C.SUCCESS and not synthetic else None,
+        samples_to_converge=r["samples"] if r["status"] == C.SUCCESS and not synthetic else None,
+        final_metric=r["metric"], metric_name=self.spec.metric_name,
+        target=None if synthetic else cfg.train.target,
+        global_batch_size=cfg.train.global_batch_size, num_devices=trainer.num_devices,
+        device_kind=trainer.device_kind, mesh=f"data={trainer.num_devices}", seed=self.seed,
+        throughput=r["throughput"],
+        mfu=_mfu(r["flops"], r["throughput"], trainer.device_kind, trainer.num_devices,
+                 cfg.train.precision),
+        host=socket.gethostname(), git_commit=_git_commit(), versions=_versions(),
+        log_path=self.log_path)
+
+
+def run_all(spec, cfg, opts: RunOptions, make_trainer) -> list[results.ResultRow]:
+  """Runs opts.runs runs; each gets a fresh trainer (built before its log opens) and seed."""
+  rows = []
+  for index in range(opts.runs):
+    seed = opts.seed + index if opts.seed is not None else int.from_bytes(os.urandom(3), "big")
+    trainer = make_trainer(seed)
+    rows.append(Run(spec, cfg, opts, index, trainer, seed).execute())
+  return rows
