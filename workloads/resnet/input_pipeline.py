@@ -47,7 +47,9 @@ def _center_crop(image_bytes, image_size):
   new_w = tf.cast(tf.round(tf.cast(width, tf.float32) * scale), tf.int32)
   image = tf.image.resize(image, [new_h, new_w], method="bilinear")
   top, left = (new_h - image_size) // 2, (new_w - image_size) // 2
-  return image[top:top + image_size, left:left + image_size, :]
+  image = image[top:top + image_size, left:left + image_size, :]
+  image.set_shape([image_size, image_size, 3])
+  return image
 
 
 def preprocess_train(image_bytes, image_size):

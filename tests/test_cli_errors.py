@@ -1,0 +1,77 @@
+"""Every bad input: one line naming the bad value, exit code 2, no traceback, nothing written."""
+import os
+
+import pytest
+
+from tests.conftest import ROOT
+
+BAD_INPUTS = [
+    (["run", "resnet5"], "unknown workload 'resnet5'"),
+    (["run", "resnet50", "--framework", "torch"], "invalid choice: 'torch'"),
+    (["run", "resnet50", "--preset", "huge"], "invalid choice: 'huge'"),
+    (["train", "resnet50"], "invalid choice: 'train'"),
+    ([], "a command is required"),
+    (["run", "resnet50", "--set", "train.batch=3"], "train.batch: no such key"),
+    (["run", "resnet50", "--set", "train.global_batch_size=big"], "'big': not a valid int"),
+    (["run", "resnet50", "--set", "train.global_batch_size=-4"], "out of range"),
+    (["run", "resnet50", "--set", "optimizer.momentum=1.5"], "optimizer.momentum=1.5 is out of range"),
+    (["run", "resnet50", "--runs", "0"], "0 is out of range"),
+    (["run", "resnet50", "--steps", "x"], "'x' is not an integer"),
+    (["run", "resnet50", "--preset", "reference"], "--data-dir is required"),
+    (["run", "resnet50", "--preset", "reference", "--data-dir", "{tmp}/nowhere"], "missing or empty"),
+    (["run", "resnet50", "--preset", "reference", "--data-dir", "{tmp}/empty"], "missing or empty"),
+    (["run", "resnet50", "--results", "{tmp}/file.txt/r.csv"], "cannot be created"),
+    (["run", "resnet50", "--results", "{tmp}/foreign.csv"], "other columns"),
+    (["run", "resnet50", "--results", "{tmp}"], "is a directory"),
+    (["summarize", "{tmp}/nothing.csv"], "no such file or folder"),
+    (["summarize", "{tmp}/binary.csv"], "is not a readable result CSV"),
+    (["summarize", "{tmp}/foreign.csv"], "missing columns"),
+    (["summarize", "{tmp}/empty"], "holds no MLPerf results"),
+    (["compare", "{tmp}/nothing.csv", "{tmp}/foreign.csv"], "no such file"),
+    (["compare", "{tmp}/foreign.csv", "{tmp}/foreign.csv", "--threshold", "2"], "out of range"),
+    (["check", "{tmp}/nothing.log"], "no such log file"),
+    (["check", "{tmp}/file.txt"], "has no submission_benchmark line"),
+    (["describe", "resnet50", "--set", "model.width=0"], "model.width=0 is out of range"),
+]
+
+
+@pytest.fixture
+def sandbox(tmp_path):
+  (tmp_path / "empty").mkdir()
+  (tmp_path / "file.txt").write_text("not a log\n")
+  (tmp_path / "foreign.csv").write_text("a,b\n1,2\n")
+  (tmp_path / "binary.csv").write_bytes(b"\xff\xfe\x00\x81garbage\x00")
+  return tmp_path
+
+
+def _snapshot(*dirs):
+  return {os.path.join(d, f): os.path.getmtime(os.path.join(d, f))
+          for top in dirs if os.path.isdir(top) for d, _, files in os.walk(top) for f in files}
+
+
+@pytest.mark.parametrize("args, message", BAD_INPUTS, ids=[" ".join(a) or "none" for a, _ in BAD_INPUTS])
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(cli, sandbox, args, message):
+  args = [a.replace("{tmp}", str(sandbox)) for a in args]
+  before = _snapshot(str(sandbox), os.path.join(ROOT, "results"), os.path.join(ROOT, "logs"))
+  proc = cli(*args, "--log-dir", str(sandbox / "logs")) if args[:1] == ["run"] else cli(*args)
+  assert proc.returncode == 2, proc.stderr
+  lines = proc.stderr.strip().splitlines()
+  assert len(lines) == 1, proc.stderr
+  assert "Traceback" not in proc.stderr
+  assert message in lines[0], lines[0]
+  assert lines[0].startswith("run_benchmark.py: error: ")
+  assert _snapshot(str(sandbox), os.path.join(ROOT, "results"),
+                   os.path.join(ROOT, "logs")) == before
+  assert not (sandbox / "logs").exists()
+
+
+def test_every_subcommand_has_help(cli):
+  for command in ("run", "list", "describe", "summarize", "compare", "check"):
+    proc = cli(command, "--help")
+    assert proc.returncode == 0 and "usage: run_benchmark.py " + command in proc.stdout
+
+
+def test_list_names_workloads_frameworks_presets(cli):
+  proc = cli("list")
+  assert proc.returncode == 0
+  assert "resnet50" in proc.stdout and "jax" in proc.stdout and "synthetic" in proc.stdout

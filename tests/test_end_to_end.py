@@ -1,0 +1,97 @@
+"""The mini run end to end, through the command line, as a user runs it."""
+import glob
+import json
+
+import pandas as pd
+import pytest
+
+from harness import compliance
+
+pytestmark = pytest.mark.slow
+
+
+def _log_events(path):
+  with open(path) as f:
+    return [json.loads(line[len(":::MLLOG "):]) for line in f if line.startswith(":::MLLOG ")]
+
+
+def test_mini_resnet_jax_reaches_target_and_log_passes_the_official_checker(cli, tmp_path):
+  results_csv, logs = tmp_path / "results.csv", tmp_path / "logs"
+  proc = cli("run", "resnet50", "--seed", "0", "--results", str(results_csv),
+             "--log-dir", str(logs))
+  assert proc.returncode == 0, proc.stdout + proc.stderr
+  assert "samples/s" in proc.stdout and "elapsed" in proc.stdout      # a progress line per block
+  row = pd.read_csv(results_csv).iloc[0]
+  assert row["status"] == "success" and row["framework"] == "jax" and row["preset"] == "mini"
+  assert row["final_metric"] >= row["target"] == 0.9
+  assert 0 < row["time_to_train_s"] < 120 and row["throughput"] > 0
+  events = _log_events(row["log_path"])
+  keys = [e["key"] for e in events]
+  # compile before run_start; time-to-train is exactly run_stop - run_start
+  assert keys.index("init_stop") < keys.index("run_start") < keys.index("block_start")
+  start, stop = (next(e for e in events if e["key"] == k) for k in ("run_start", "run_stop"))
+  assert row["time_to_train_s"] == pytest.approx((stop["time_ms"] - start["time_ms"]) / 1000)
+  assert stop["metadata"]["status"] == "success"
+  for key in ("submission_division", "seed", "global_batch_size", "gradient_accumulation_steps",
+              "train_samples", "eval_samples", "opt_name", "lars_epsilon", "lars_opt_weight_decay",
+              "lars_opt_base_learning_rate", "lars_opt_learning_rate_warmup_epochs",
+              "lars_opt_end_learning_rate", "lars_opt_learning_rate_decay_steps",
+              "lars_opt_learning_rate_decay_poly_power", "lars_opt_momentum", "model_bn_span",
+              "cache_clear", "eval_accuracy", "block_stop", "eval_start", "eval_stop"):
+    assert key in keys, key
+  assert next(e for e in events if e["key"] == "submission_division")["value"] == "open"
+  passed, report = compliance.check(row["log_path"])
+  assert passed, report
+  check = cli("check", row["log_path"])
+  assert check.returncode == 0 and "PASSED" in check.stdout
+
+
+def test_an_aborted_run_still_ends_in_a_row_and_a_valid_log(cli, tmp_path):
+  results_csv = tmp_path / "results.csv"
+  proc = cli("run", "resnet50", "--seed", "1", "--steps", "3", "--results", str(results_csv),
+             "--log-dir", str(tmp_path / "logs"))
+  assert proc.returncode == 1
+  row = pd.read_csv(results_csv).iloc[0]
+  assert row["status"] == "aborted" and "not reached within 3 steps" in row["abort_reason"]
+  assert pd.isna(row["time_to_train_s"])
+  assert _log_events(row["log_path"])[-1]["metadata"]["status"] == "aborted"
+  assert compliance.check(row["log_path"])[0]
+
+
+def test_a_nonfinite_loss_aborts(cli, tmp_path):
+  results_csv = tmp_path / "results.csv"
+  proc = cli("run", "resnet50", "--seed", "1", "--set", "optimizer.base_learning_rate=1e30",
+             "--set", "optimizer.name=sgd", "--results", str(results_csv),
+             "--log-dir", str(tmp_path / "logs"))
+  assert proc.returncode == 1
+  row = pd.read_csv(results_csv).iloc[0]
+  assert row["status"] == "aborted" and "non-finite loss" in row["abort_reason"]
+
+
+def test_synthetic_run_measures_throughput(cli, tmp_path):
+  results_csv = tmp_path / "results.csv"
+  proc = cli("run", "resnet50", "--preset", "synthetic", "--steps", "3",
+             "--set", "model.stage_sizes=1,1", "--set", "model.width=8",
+             "--set", "data.image_size=32", "--set", "train.global_batch_size=8",
+             "--results", str(results_csv), "--log-dir", str(tmp_path / "logs"))
+  assert proc.returncode == 0, proc.stderr
+  row = pd.read_csv(results_csv).iloc[0]
+  assert row["preset"] == "synthetic" and row["throughput"] > 0
+  assert pd.isna(row["time_to_train_s"])
+
+
+def test_describe_reference_resnet50(cli):
+  proc = cli("describe", "resnet50", "--preset", "reference")
+  assert proc.returncode == 0, proc.stderr
+  assert "25,557,032" in proc.stdout
+  flops = float(proc.stdout.split("train FLOPs per example:")[1].split()[0])
+  # forward ~4.1 GMACs = 8.2 GFLOPs at 224x224; training ~3x forward
+  assert 2.2e10 < flops < 2.7e10
+
+
+def test_mini_on_simulated_devices_matches_the_device_count(cli, tmp_path):
+  proc = cli("run", "resnet50", "--cpu-devices", "3", "--results", str(tmp_path / "r.csv"),
+             "--log-dir", str(tmp_path / "logs"))
+  assert proc.returncode == 2
+  assert "not divisible by the 3 devices" in proc.stderr
+  assert not (tmp_path / "r.csv").exists() and not glob.glob(str(tmp_path / "logs" / "*"))

@@ -1,0 +1,74 @@
+import csv
+import multiprocessing
+import os
+
+import pytest
+
+from harness import results
+from harness.errors import UsageError
+
+
+def make_row(i=0, **changes):
+  row = dict(run_id=f"run{i}", started_at="2026-01-01T00:00:00+00:00", system="box",
+             workload="resnet50", mlperf_benchmark="resnet", framework="jax", preset="mini",
+             status="success", abort_reason="", time_to_train_s=60.0 + i, init_s=1.0,
+             epochs_to_converge=3.0, samples_to_converge=100, final_metric=0.9,
+             metric_name="top1_accuracy", target=0.9, global_batch_size=64, num_devices=1,
+             device_kind="cpu", mesh="data=1", seed=i, throughput=1000.0, mfu=None, host="box",
+             git_commit="abc", versions="python=3.11", log_path="logs/x.log, with comma")
+  row.update(changes)
+  return results.ResultRow(**row)
+
+
+def _append_many(path, start, count):
+  for i in range(start, start + count):
+    results.append_row(path, make_row(i))
+
+
+def test_concurrent_appends_lose_nothing(tmp_path):
+  path = str(tmp_path / "r.csv")
+  procs = [multiprocessing.Process(target=_append_many, args=(path, k * 100, 60))
+           for k in range(3)]
+  for p in procs:
+    p.start()
+  for p in procs:
+    p.join()
+  with open(path, newline="") as f:
+    rows = list(csv.DictReader(f))
+  assert len(rows) == 180
+  assert sorted(r["run_id"] for r in rows) == sorted(f"run{k * 100 + i}" for k in range(3)
+                                                      for i in range(60))
+  assert all(r["log_path"] == "logs/x.log, with comma" for r in rows)
+
+
+def test_a_row_is_one_write_call(tmp_path, monkeypatch):
+  """A killed process leaves a whole line or none: header and row go out in a single write."""
+  path = str(tmp_path / "r.csv")
+  writes = []
+  real_write = os.write
+  monkeypatch.setattr(os, "write", lambda fd, data: writes.append(data) or real_write(fd, data))
+  results.append_row(path, make_row(0))
+  results.append_row(path, make_row(1))
+  assert len(writes) == 2 and writes[0].count(b"\n") == 2 and writes[1].count(b"\n") == 1
+  frame = results.read_csv(path)
+  assert list(frame.columns) == results.COLUMNS and len(frame) == 2
+
+
+def test_check_writable_refuses_foreign_csv_and_directories(tmp_path):
+  foreign = tmp_path / "other.csv"
+  foreign.write_text("a,b\n1,2\n")
+  with pytest.raises(UsageError, match="other columns"):
+    results.check_writable(str(foreign))
+  with pytest.raises(UsageError, match="is a directory"):
+    results.check_writable(str(tmp_path))
+  results.check_writable(str(tmp_path / "new" / "deeper.csv"))      # creatable: fine
+  assert foreign.read_text() == "a,b\n1,2\n"
+
+
+def test_read_csv_errors_name_the_file(tmp_path):
+  with pytest.raises(UsageError, match="no such file"):
+    results.read_csv(str(tmp_path / "missing.csv"))
+  bad = tmp_path / "bad.csv"
+  bad.write_bytes(b"\xff\xfe\x00garbage")
+  with pytest.raises(UsageError, match="bad.csv"):
+    results.read_csv(str(bad))

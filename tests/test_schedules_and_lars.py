@@ -1,0 +1,89 @@
+"""LARS against a numpy implementation of the MLPerf formula, step by step."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from workloads.optim import jax_optimizers, schedules
+
+
+def test_warmup_then_poly2_decay_formula():
+  s = schedules.WarmupPolySchedule(base_lr=10.0, warmup_steps=100, decay_steps=900,
+                                   end_lr=1e-4, power=2.0)
+  assert s(0) == 0.0
+  assert s(50) == pytest.approx(5.0)
+  assert s(100) == pytest.approx(10.0)
+  assert s(550) == pytest.approx(1e-4 + (10.0 - 1e-4) * 0.5**2)
+  assert s(1000) == pytest.approx(1e-4)
+  assert s(5000) == pytest.approx(1e-4)
+  steps = jnp.arange(0, 1200, 7)
+  np.testing.assert_allclose(np.asarray(s(steps, ops=jnp)), [s(int(t)) for t in steps], rtol=1e-5, atol=1e-7)
+
+
+def numpy_lars_step(params, grads, momenta, lr, wd, momentum, eta, decayed):
+  """The MLPerf LARS update, written out for each parameter."""
+  new_params, new_momenta = {}, {}
+  for name, w in params.items():
+    g = grads[name]
+    if decayed[name]:
+      w_norm, g_norm = np.linalg.norm(w), np.linalg.norm(g)
+      trust = eta * w_norm / (g_norm + wd * w_norm) if w_norm > 0 and g_norm > 0 else 1.0
+      v = momentum * momenta[name] + lr * trust * (g + wd * w)
+    else:
+      v = momentum * momenta[name] + lr * g
+    new_momenta[name] = v
+    new_params[name] = w - v
+  return new_params, new_momenta
+
+
+def test_mlperf_lars_matches_numpy_formula_step_by_step():
+  rng = np.random.default_rng(0)
+  params = {"conv": {"kernel": rng.normal(size=(3, 3, 4, 8)).astype(np.float32)},
+            "bn": {"scale": rng.normal(size=(8,)).astype(np.float32),
+                   "bias": rng.normal(size=(8,)).astype(np.float32)},
+            "dense": {"kernel": rng.normal(size=(8, 5)).astype(np.float32),
+                      "bias": np.zeros(5, np.float32)}}
+  flat = lambda tree: {"/".join(k.key for k in path): np.asarray(v)
+                       for path, v in jax.tree_util.tree_leaves_with_path(tree)}
+  decayed = {name: name.endswith("kernel") for name in flat(params)}
+  schedule = schedules.WarmupPolySchedule(base_lr=2.0, warmup_steps=2, decay_steps=4,
+                                          end_lr=1e-4, power=2.0)
+  wd, momentum, eta = 2e-4, 0.9, 0.001
+  tx = jax_optimizers.mlperf_lars(lambda step: schedule(step, ops=jnp), wd, momentum, eta)
+  state = tx.init(params)
+  jparams = jax.tree.map(jnp.asarray, params)
+  np_params, np_momenta = flat(params), {k: np.zeros_like(v) for k, v in flat(params).items()}
+  for step in range(6):
+    grads = jax.tree.map(lambda p: rng.normal(size=p.shape).astype(np.float32), params)
+    updates, state = tx.update(grads, state, jparams)
+    jparams = optax.apply_updates(jparams, updates)
+    np_params, np_momenta = numpy_lars_step(np_params, flat(grads), np_momenta,
+                                            schedule(step), wd, momentum, eta, decayed)
+    for name, value in flat(jparams).items():
+      np.testing.assert_allclose(value, np_params[name], rtol=2e-5, atol=1e-7,
+                                 err_msg=f"step {step} {name}")
+
+
+def test_optax_lars_differs_from_the_mlperf_definition():
+  """Why the project has its own LARS: optax divides by ||g + wd*w||, MLPerf by ||g|| + wd*||w||."""
+  w = {"kernel": jnp.array([1.0, 0.0])}
+  g = {"kernel": jnp.array([0.0, 1.0])}
+  ours = jax_optimizers.mlperf_lars(lambda _: 1.0, weight_decay=0.5, momentum=0.0, eta=1.0)
+  theirs = optax.lars(1.0, weight_decay=0.5, trust_coefficient=1.0, eps=0.0, momentum=0.0)
+  u_ours, _ = ours.update(g, ours.init(w), w)
+  u_theirs, _ = theirs.update(g, theirs.init(w), w)
+  # trust: MLPerf 1/(1+0.5) = 0.667; optax 1/||(0.5, 1)|| = 0.894
+  np.testing.assert_allclose(u_ours["kernel"], -np.array([0.5, 1.0]) / 1.5, rtol=1e-6)
+  assert not np.allclose(u_ours["kernel"], u_theirs["kernel"])
+
+
+def test_decay_mask_selects_kernels_only():
+  from workloads.resnet import jax_model
+  model = jax_model.ResNet(stage_sizes=(1,), width=4, num_classes=3)
+  params = jax.eval_shape(lambda: model.init(jax.random.key(0), jnp.zeros((1, 16, 16, 3))))["params"]
+  mask = jax_optimizers.decay_mask(params)
+  leaves = jax.tree_util.tree_leaves_with_path(mask)
+  for path, decayed in leaves:
+    assert decayed == (path[-1].key == "kernel"), path
+  assert sum(decayed for _, decayed in leaves) == 6      # stem, 3 block convs, proj, classifier
