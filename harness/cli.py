@@ -185,7 +185,7 @@ def cmd_describe(args):
   gbs = cfg.train.global_batch_size
   # FLOPs per example do not depend on the batch: compile a small batch to keep this quick.
   small = copy.deepcopy(cfg)
-  small.train.global_batch_size = args.cpu_devices or 1
+  small.train.global_batch_size = args.cpu_devices or min(gbs, 8)   # divisible by 1, 2, 4, 8
   small.data.eval_batch_size = small.train.global_batch_size
   try:
     trainer = spec.make_trainer(args.framework, small, RunContext(seed=0, preset=args.preset))

@@ -26,6 +26,7 @@ class TrainConfig:
   precision: str = "float32"          # float32 | bfloat16 (mixed: bf16 compute, f32 params)
   synthetic_steps: int = 100          # steps of a synthetic (throughput-only) run
   steps_per_loop: int = 0             # 0: one loop per eval block; >0: progress every N steps
+  jit_compile: bool = True            # TF: XLA-compile the steps (JAX always compiles)
 
   def validate(self):
     _positive(self, "global_batch_size", "max_epochs", "eval_every_epochs", "synthetic_steps")

@@ -211,7 +211,7 @@ class Run:
         log.end(C.BLOCK_STOP, first_epoch_num=first_epoch, epoch_count=count)
         row["abort_reason"] = f"non-finite loss {metrics['loss']} at epoch {epoch:g}"
         return
-      epoch_num = first_epoch + count
+      epoch_num = min(first_epoch + count, math.ceil(epoch))   # less if --steps cut the block
       log.start(C.EVAL_START, epoch_num=epoch_num)
       accuracy = trainer.evaluate()["accuracy"]
       log.event(C.EVAL_ACCURACY, accuracy, epoch_num=epoch_num)

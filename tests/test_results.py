@@ -27,7 +27,8 @@ def _append_many(path, start, count):
 
 def test_concurrent_appends_lose_nothing(tmp_path):
   path = str(tmp_path / "r.csv")
-  procs = [multiprocessing.Process(target=_append_many, args=(path, k * 100, 60))
+  spawn = multiprocessing.get_context("spawn")       # no fork of a process that loaded JAX
+  procs = [spawn.Process(target=_append_many, args=(path, k * 100, 60))
            for k in range(3)]
   for p in procs:
     p.start()

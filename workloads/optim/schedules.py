@@ -1,6 +1,6 @@
 """Learning-rate schedules, written once for every framework.
 
-`ops` is an array namespace with `minimum` and `maximum` (numpy, jax.numpy, or
+`ops` is an array namespace with `minimum`, `maximum` and `where` (numpy, jax.numpy, or
 tf.experimental.numpy), so the same formula runs in numpy tests, inside a jitted JAX step and
 inside a TF graph.
 """
@@ -28,8 +28,7 @@ class WarmupPolySchedule:
     warmup = self.base_lr * step / max(self.warmup_steps, 1)
     progress = ops.minimum(ops.maximum(step - self.warmup_steps, 0.0) / max(self.decay_steps, 1), 1.0)
     decayed = self.end_lr + (self.base_lr - self.end_lr) * (1.0 - progress) ** self.power
-    in_warmup = step < self.warmup_steps
-    return in_warmup * warmup + (1.0 - in_warmup * 1.0) * decayed
+    return ops.where(step < self.warmup_steps, warmup, decayed)
 
 
 def steps_per_epoch(train_examples: int, global_batch_size: int) -> int:

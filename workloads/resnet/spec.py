@@ -1,6 +1,7 @@
 """ResNet-50 v1.5 on ImageNet (MLPerf `resnet`): configs and presets, framework-neutral."""
 import dataclasses
 
+from harness import rules
 from harness.config import OptimizerConfig, TrainConfig, _check_choice, _positive
 from harness.errors import UsageError
 from harness.workload import WorkloadSpec
@@ -53,13 +54,16 @@ class ResNetConfig:
 
 
 def reference() -> ResNetConfig:
-  """The MLPerf reference recipe at global batch 4096 (RCP mean: 40 epochs to 75.9%)."""
+  """The MLPerf reference recipe at global batch 4096 (RCP mean: 40 epochs to 75.9%).
+  Target and eval cadence come from rules/resnet.yaml."""
+  mlperf = rules.load("resnet")
   return ResNetConfig(
       optimizer=OptimizerConfig(name="lars", base_learning_rate=10.0, warmup_epochs=5,
                                 end_learning_rate=1e-4, decay_poly_power=2.0,
                                 weight_decay=2e-4, momentum=0.9, label_smoothing=0.1),
-      train=TrainConfig(global_batch_size=4096, max_epochs=45, eval_every_epochs=4,
-                        eval_offset_epochs=0, target=0.759, precision="bfloat16"))
+      train=TrainConfig(global_batch_size=4096, max_epochs=45,
+                        eval_every_epochs=mlperf.eval_cadence["every"], eval_offset_epochs=0,
+                        target=mlperf.target, precision="bfloat16"))
 
 
 def synthetic() -> ResNetConfig:
@@ -110,7 +114,7 @@ SPEC = WorkloadSpec(
     title="ResNet-50 v1.5 on ImageNet",
     metric_name="top1_accuracy",
     presets={"mini": mini, "reference": reference, "synthetic": synthetic},
-    trainer_modules={"jax": "workloads.resnet.jax_trainer"},
+    trainer_modules={"jax": "workloads.resnet.jax_trainer", "tf": "workloads.resnet.tf_trainer"},
     mllog_hyperparameters=mllog_hyperparameters,
     # Plain jit over a data-sharded batch computes batch statistics over the whole batch.
     bn_span=lambda cfg, num_devices: cfg.train.global_batch_size,

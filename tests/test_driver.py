@@ -1,0 +1,126 @@
+"""The driver's cadence, stopping and logging, with a scripted trainer (no framework needed),
+and the logs it writes checked by the official compliance checker."""
+import json
+import math
+
+import pandas as pd
+import pytest
+
+from harness import compliance, driver
+from workloads.resnet import spec
+
+
+class ScriptedTrainer:
+  """Returns a given accuracy after each eval; counts the steps it is asked to run."""
+  num_devices, device_kind = 1, "scripted"
+
+  def __init__(self, accuracies, losses=None, fail_at_eval=None):
+    self.accuracies, self.losses = list(accuracies), losses
+    self.fail_at_eval = fail_at_eval
+    self.steps, self.evals, self.initialised, self.train_examples = [], 0, False, 640
+    self.eval_examples = 100
+
+  def init(self):
+    self.initialised = True
+
+  def train(self, num_steps):
+    assert self.initialised
+    self.steps.append(num_steps)
+    loss = self.losses[len(self.steps) - 1] if self.losses else 1.0
+    return {"loss": loss, "lr": 0.1, "step": sum(self.steps)}
+
+  def evaluate(self):
+    if self.evals == self.fail_at_eval:
+      raise RuntimeError("device lost")
+    self.evals += 1
+    return {"accuracy": self.accuracies[self.evals - 1], "count": 100}
+
+  def describe(self):
+    return {"parameters": 1, "train_flops_per_example": 1.0}
+
+
+def _run(tmp_path, trainer, cfg=None, preset="mini", steps=None):
+  cfg = cfg or spec.mini()
+  cfg.train.global_batch_size = 64               # 640 examples -> 10 steps per epoch
+  opts = driver.RunOptions(framework="jax", preset=preset, seed=7, steps=steps,
+                           results_path=str(tmp_path / "r.csv"), log_dir=str(tmp_path / "logs"))
+  rows = driver.run_all(spec.SPEC, cfg, opts, lambda seed: trainer)
+  events = [json.loads(l[9:]) for l in open(rows[0].log_path) if l.startswith(":::MLLOG")]
+  return rows[0], events, pd.read_csv(tmp_path / "r.csv")
+
+
+def test_blocks_follow_the_mlperf_cadence_with_offset():
+  assert driver.blocks(12, 4, 0) == [(0, 4), (4, 4), (8, 4)]
+  assert driver.blocks(10, 4, 2) == [(0, 2), (2, 4), (6, 4)]
+  assert driver.blocks(5, 4, 0) == [(0, 4), (4, 1)]
+
+
+def test_stops_at_the_target_with_success(tmp_path):
+  trainer = ScriptedTrainer([0.5, 0.8, 0.91, 0.95])
+  row, events, frame = _run(tmp_path, trainer)
+  assert row.status == "success" and row.epochs_to_converge == 3 and trainer.evals == 3
+  assert trainer.steps == [10, 10, 10]
+  evals = [e for e in events if e["key"] == "eval_accuracy"]
+  assert [e["metadata"]["epoch_num"] for e in evals] == [1, 2, 3]
+  assert events[-1]["key"] == "run_stop" and events[-1]["metadata"]["status"] == "success"
+  assert len(frame) == 1 and frame.iloc[0]["samples_to_converge"] == 30 * 64
+  assert compliance.check(row.log_path)[0]
+
+
+def test_budget_spent_is_aborted_and_logged(tmp_path):
+  cfg = spec.mini()
+  cfg.train.max_epochs = 3
+  row, events, _ = _run(tmp_path, ScriptedTrainer([0.1, 0.2, 0.3]), cfg)
+  assert row.status == "aborted" and "not reached" in row.abort_reason
+  assert events[-1]["metadata"]["status"] == "aborted"
+  assert math.isnan(row.time_to_train_s) if isinstance(row.time_to_train_s, float) else \
+      row.time_to_train_s is None
+  assert compliance.check(row.log_path)[0]          # an aborted run's log is still compliant
+
+
+def test_nan_loss_aborts_before_eval(tmp_path):
+  trainer = ScriptedTrainer([0.5, 0.6], losses=[1.0, float("nan")])
+  row, _, _ = _run(tmp_path, trainer)
+  assert row.status == "aborted" and "non-finite loss" in row.abort_reason
+  assert trainer.evals == 1
+
+
+def test_an_exception_still_ends_in_a_row_and_run_stop(tmp_path):
+  row, events, frame = _run(tmp_path, ScriptedTrainer([0.5], fail_at_eval=1))
+  assert row.status == "aborted" and "RuntimeError: device lost" in row.abort_reason
+  assert events[-1]["key"] == "run_stop" and len(frame) == 1
+
+
+def test_steps_cap_truncates_the_block(tmp_path):
+  trainer = ScriptedTrainer([0.1, 0.2])
+  row, events, _ = _run(tmp_path, trainer, steps=15)
+  assert trainer.steps == [10, 5]
+  assert [e["metadata"]["epoch_num"] for e in events if e["key"] == "eval_accuracy"] == [1, 2]
+
+
+def test_steps_per_loop_splits_blocks_for_progress(tmp_path):
+  cfg = spec.mini()
+  cfg.train.steps_per_loop = 4
+  trainer = ScriptedTrainer([0.95])
+  _run(tmp_path, trainer, cfg)
+  assert trainer.steps == [4, 4, 2]
+
+
+def test_efficientnet_rule_file_runs_in_the_official_checker(tmp_path):
+  row, _, _ = _run(tmp_path, ScriptedTrainer([0.5, 0.8, 0.91]))
+  text = open(row.log_path).read()
+  open_log = tmp_path / "eff_open.log"
+  open_log.write_text(text.replace('"value": "resnet"', '"value": "efficientnet"'))
+  assert compliance.check(str(open_log))[0]
+  closed = tmp_path / "eff_closed.log"           # closed division: 0.91 >= 0.763 passes ...
+  closed.write_text(open_log.read_text().replace('"value": "open"', '"value": "closed"'))
+  assert compliance.check(str(closed))[0]
+  low = tmp_path / "eff_low.log"                 # ... and a best accuracy below it fails
+  low.write_text(closed.read_text().replace('"value": 0.91', '"value": 0.7').replace(
+      '"value": 0.8,', '"value": 0.7,'))
+  passed, report = compliance.check(str(low))
+  assert not passed and "FAILED" in report
+  perfect = tmp_path / "resnet_perfect.log"      # the checker rejects an accuracy of 1.0
+  perfect.write_text(text.replace('"value": 0.5,', '"value": 1.0,').replace(
+      '"value": 0.8,', '"value": 1.0,').replace('"value": 0.91,', '"value": 1.0,'))
+  assert not compliance.check(str(perfect))[0]

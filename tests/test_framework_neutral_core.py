@@ -1,0 +1,35 @@
+"""The core (driver, logging, rules, results, summaries) imports neither TensorFlow nor JAX."""
+import subprocess
+import sys
+
+from tests.conftest import ROOT
+
+
+def test_harness_imports_no_framework():
+  code = ("import sys, harness.cli, harness.driver, harness.mllog, harness.rules, "
+          "harness.results, harness.summarize, harness.compare, harness.compliance, "
+          "harness.registry; harness.registry.get('resnet50');"
+          "bad = [m for m in ('tensorflow', 'jax', 'flax', 'keras') if m in sys.modules];"
+          "print(bad); sys.exit(1 if bad else 0)")
+  proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+  assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_reference_preset_takes_target_and_cadence_from_rules():
+  from harness import rules
+  from workloads.resnet import spec
+  mlperf = rules.load("resnet")
+  cfg = spec.reference()
+  assert cfg.train.target == mlperf.target == 0.759
+  assert cfg.train.eval_every_epochs == mlperf.eval_cadence["every"] == 4
+  assert mlperf.ruleset == "4.0.0" and mlperf.runs_required == 5
+
+
+def test_every_benchmark_has_rules_with_a_checker():
+  from harness import rules
+  expected = {"resnet": ("4.0.0", 5), "bert": ("5.0.0", 10), "ssd": ("1.0.0", 5),
+              "transformer": ("0.7.0", 10), "efficientnet": ("4.0.0", 5)}
+  for name, (ruleset, runs) in expected.items():
+    r = rules.load(name)
+    assert (r.ruleset, r.runs_required) == (ruleset, runs), name
+  assert rules.load("efficientnet").checker_config.endswith("efficientnet_compliance.yaml")

@@ -1,0 +1,154 @@
+"""TF <-> JAX parity for ResNet: same parameter counts, and with the JAX weights copied into the
+Keras model, the same logits (eval and train mode), loss, gradients, and LARS / SGD steps."""
+import jax
+import jax.numpy as jnp
+import keras
+import numpy as np
+import optax
+import pytest
+import tensorflow as tf
+
+from harness.config import OptimizerConfig
+from workloads.optim import jax_optimizers, schedules, tf_optimizers
+from workloads.resnet import jax_model, jax_trainer, spec, tf_model, tf_trainer
+
+STAGES, WIDTH, CLASSES, SIZE, BATCH = (1, 2), 4, 5, 32, 8
+
+
+def rel_err(a, b):
+  a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+  return np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30)
+
+
+@pytest.fixture(scope="module")
+def models():
+  flax_model = jax_model.ResNet(stage_sizes=STAGES, width=WIDTH, num_classes=CLASSES)
+  variables = flax_model.init(jax.random.key(0), jnp.zeros((1, SIZE, SIZE, 3)), train=False)
+  # Random values everywhere (the zero-initialised BN scales would hide the residual branches).
+  rng = np.random.default_rng(0)
+  params = jax.tree.map(lambda p: jnp.asarray(rng.normal(0, 0.3, p.shape), jnp.float32),
+                        variables["params"])
+  stats = jax.tree_util.tree_map_with_path(
+      lambda path, s: jnp.asarray(rng.uniform(0.5, 1.5, s.shape) if path[-1].key == "var"
+                                  else rng.normal(0, 0.2, s.shape), jnp.float32),
+      variables["batch_stats"])
+  variables = {"params": params, "batch_stats": stats}
+  keras_model = tf_model.resnet(STAGES, CLASSES, WIDTH, SIZE)
+  tf_model.load_flax_variables(keras_model, variables, STAGES)
+  batch = {"image": rng.normal(size=(BATCH, SIZE, SIZE, 3)).astype(np.float32),
+           "label": rng.integers(0, CLASSES, BATCH).astype(np.int32)}
+  return flax_model, variables, keras_model, batch
+
+
+@pytest.mark.parametrize("preset", ["mini", "reference", "synthetic"])
+def test_same_parameter_count_in_both_frameworks(preset):
+  cfg = spec.SPEC.config(preset)
+  m = cfg.model
+  flax_model = jax_model.ResNet(stage_sizes=m.stage_sizes, width=m.width, num_classes=m.num_classes)
+  size = cfg.data.image_size
+  shapes = jax.eval_shape(lambda: flax_model.init(jax.random.key(0), jnp.zeros((1, size, size, 3))))
+  jax_count = sum(np.prod(x.shape) for x in jax.tree.leaves(shapes["params"]))
+  keras_model = tf_model.resnet(m.stage_sizes, m.num_classes, m.width, size)
+  assert keras_model.count_params() - _bn_stat_count(keras_model) == jax_count
+  if preset != "mini":
+    assert jax_count == 25_557_032
+
+
+def _bn_stat_count(model):
+  return sum(np.prod(l.moving_mean.shape) * 2 for l in model.layers
+             if isinstance(l, keras.layers.BatchNormalization))
+
+
+def test_conversion_covers_every_weight(models):
+  flax_model, variables, keras_model, _ = models
+  paths = tf_model.flax_path_of(keras_model, STAGES)
+  assert len(paths) == len(keras_model.trainable_variables)
+  assert len(jax.tree.leaves(variables["params"])) == len(paths)
+
+
+def test_eval_mode_logits_agree(models):
+  flax_model, variables, keras_model, batch = models
+  jax_logits = flax_model.apply(variables, batch["image"], train=False)
+  tf_logits = keras_model(batch["image"], training=False)
+  assert rel_err(tf_logits, jax_logits) < 1e-5
+
+
+def test_train_mode_logits_and_batch_statistics_agree(models):
+  flax_model, variables, keras_model, batch = models
+  jax_logits, updates = flax_model.apply(variables, batch["image"], train=True,
+                                         mutable=["batch_stats"])
+  clone = tf_model.resnet(STAGES, CLASSES, WIDTH, SIZE)
+  tf_model.load_flax_variables(clone, variables, STAGES)
+  tf_logits = clone(batch["image"], training=True)
+  assert rel_err(tf_logits, jax_logits) < 1e-5
+  new_stats = updates["batch_stats"]["BottleneckBlock_1"]["BatchNorm_1"]
+  layer = clone.get_layer("stage1_block0_bn1")
+  assert rel_err(layer.moving_mean.numpy(), new_stats["mean"]) < 1e-5
+  assert rel_err(layer.moving_variance.numpy(), new_stats["var"]) < 1e-5
+
+
+def _jax_loss_and_grads(flax_model, variables, batch):
+  def loss_fn(params):
+    logits, _ = flax_model.apply({"params": params, "batch_stats": variables["batch_stats"]},
+                                 batch["image"], train=True, mutable=["batch_stats"])
+    return jax_trainer.cross_entropy(logits, batch["label"], CLASSES, 0.1)
+  return jax.value_and_grad(loss_fn)(variables["params"])
+
+
+def _tf_loss_and_grads(keras_model, batch):
+  with tf.GradientTape() as tape:
+    logits = keras_model(batch["image"], training=True)
+    loss = tf_trainer.cross_entropy(logits, batch["label"], CLASSES, 0.1)
+  return loss, tape.gradient(loss, keras_model.trainable_variables)
+
+
+def _get(tree, path):
+  for key in path:
+    tree = tree[key]
+  return tree
+
+
+def test_loss_and_gradients_agree(models):
+  flax_model, variables, keras_model, batch = models
+  clone = tf_model.resnet(STAGES, CLASSES, WIDTH, SIZE)
+  tf_model.load_flax_variables(clone, variables, STAGES)
+  jax_loss, jax_grads = _jax_loss_and_grads(flax_model, variables, batch)
+  tf_loss, tf_grads = _tf_loss_and_grads(clone, batch)
+  assert rel_err(tf_loss, jax_loss) < 1e-5
+  paths = tf_model.flax_path_of(clone, STAGES)
+  ours = [np.ravel(g) for g in tf_grads]
+  theirs = [np.ravel(_get(jax_grads, paths[id(v)])) for v in clone.trainable_variables]
+  assert rel_err(np.concatenate(ours), np.concatenate(theirs)) < 1e-5
+  for var, a, b in zip(clone.trainable_variables, ours, theirs):
+    # per tensor, float32 cancellation shows in near-zero gradients (e.g. a BN bias before a
+    # max-pool): measure those against the gradient's overall scale
+    scale = max(np.linalg.norm(b), 0.1 * np.linalg.norm(np.concatenate(theirs)))
+    assert np.linalg.norm(a - b) / scale < 1e-5, paths[id(var)]
+
+
+@pytest.mark.parametrize("name", ["lars", "sgd"])
+def test_optimizer_steps_agree(models, name):
+  flax_model, variables, _, batch = models
+  opt_cfg = OptimizerConfig(name=name, base_learning_rate=0.5, weight_decay=1e-3, momentum=0.9)
+  schedule = schedules.WarmupPolySchedule(base_lr=0.5, warmup_steps=0, decay_steps=10,
+                                          end_lr=1e-4, power=2.0)
+  tx = jax_optimizers.make_optimizer(opt_cfg, schedule)
+  params, opt_state = variables["params"], None
+  opt_state = tx.init(params)
+  keras_model = tf_model.resnet(STAGES, CLASSES, WIDTH, SIZE)
+  tf_model.load_flax_variables(keras_model, variables, STAGES)
+  optimizer = tf_optimizers.make_optimizer(opt_cfg, schedule,
+                                           tf_model.decayed_variables(keras_model),
+                                           keras_model.trainable_variables)
+  paths = tf_model.flax_path_of(keras_model, STAGES)
+  for _ in range(2):                                  # two steps: momentum and lr both move
+    _, grads = _jax_loss_and_grads(flax_model, {**variables, "params": params}, batch)
+    updates, opt_state = tx.update(grads, opt_state, params)
+    params = optax.apply_updates(params, updates)
+    _, tf_grads = _tf_loss_and_grads(keras_model, batch)
+    optimizer.apply(tf_grads, keras_model.trainable_variables)
+  for var in keras_model.trainable_variables:
+    assert rel_err(var.numpy(), _get(params, paths[id(var)])) < 1e-5, paths[id(var)]
+  moved = rel_err(_get(params, ("classifier", "kernel")),
+                  variables["params"]["classifier"]["kernel"])
+  assert moved > 1e-4                                 # the steps did change the weights

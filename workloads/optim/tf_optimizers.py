@@ -1,0 +1,85 @@
+"""Optimizers for the TF side, as Keras 3 optimizers, with the same update rules as
+jax_optimizers.py (see its docstring for the MLPerf LARS formula):
+
+  LARS, kernels:     v = m*v + lr * trust * (g + wd*w),  trust = eta*||w|| / (||g|| + wd*||w|| + eps)
+  LARS, bias/BN:     v = m*v + lr * g
+  SGD (TF v1 style): v = m*v + g (+ wd*w on kernels);  w = w - lr*v
+  w = w - v          (LARS)
+
+Which variables are kernels comes from `tf_model.decayed_variables` (layer roles) through Keras'
+`exclude_from_weight_decay(var_list=...)`. Keras' built-in SGD puts lr inside the momentum
+(v = m*v - lr*g), which differs from the MLPerf reference's MomentumOptimizer once lr changes,
+so SGD is implemented here too.
+"""
+import keras
+from keras import ops
+
+from workloads.optim import schedules
+
+
+class WarmupPoly(keras.optimizers.schedules.LearningRateSchedule):
+  """schedules.WarmupPolySchedule as a Keras schedule (the formula lives once, there)."""
+
+  def __init__(self, schedule: schedules.WarmupPolySchedule):
+    self.schedule = schedule
+
+  def __call__(self, step):
+    import tensorflow as tf
+    return tf.cast(self.schedule(tf.cast(step, tf.float32), ops=tf.experimental.numpy),
+                   tf.float32)
+
+  def get_config(self):
+    return vars(self.schedule)
+
+
+class MLPerfMomentum(keras.optimizers.Optimizer):
+  """MLPerf LARS (`lars=True`) or SGD with momentum; weight decay on non-excluded variables."""
+
+  def __init__(self, learning_rate, decay=0.0, momentum=0.9, lars=True, eta=0.001, epsilon=0.0,
+               name="mlperf_momentum", **kwargs):
+    super().__init__(learning_rate=learning_rate, name=name, **kwargs)
+    self.decay, self.momentum, self.lars = decay, momentum, lars
+    self.eta, self.epsilon = eta, epsilon
+
+  def build(self, var_list):
+    if self.built:
+      return
+    super().build(var_list)
+    self.velocities = [self.add_variable_from_reference(v, "velocity") for v in var_list]
+
+  def update_step(self, gradient, variable, learning_rate):
+    lr = ops.cast(learning_rate, variable.dtype)
+    g = ops.cast(gradient, variable.dtype)
+    v = self.velocities[self._get_variable_index(variable)]
+    decayed = self._use_weight_decay(variable)
+    if self.lars:
+      if decayed:
+        w_norm = ops.sqrt(ops.sum(ops.square(variable)))
+        g_norm = ops.sqrt(ops.sum(ops.square(g)))
+        ratio = self.eta * w_norm / (g_norm + self.decay * w_norm + self.epsilon)
+        trust = ops.where(ops.logical_and(w_norm > 0, g_norm > 0), ratio, ops.ones_like(ratio))
+        step = lr * trust * (g + self.decay * variable)
+      else:
+        step = lr * g
+      self.assign(v, self.momentum * v + step)
+      self.assign_sub(variable, v)
+    else:
+      if decayed:
+        g = g + self.decay * variable
+      self.assign(v, self.momentum * v + g)
+      self.assign_sub(variable, lr * v)
+
+  def get_config(self):
+    config = super().get_config()
+    config.update(decay=self.decay, momentum=self.momentum, lars=self.lars, eta=self.eta,
+                  epsilon=self.epsilon)
+    return config
+
+
+def make_optimizer(opt_cfg, schedule, decayed_variables, all_variables):
+  optimizer = MLPerfMomentum(WarmupPoly(schedule), decay=opt_cfg.weight_decay,
+                             momentum=opt_cfg.momentum, lars=opt_cfg.name == "lars",
+                             eta=opt_cfg.lars_eta, epsilon=opt_cfg.lars_epsilon)
+  decayed = {id(v) for v in decayed_variables}
+  optimizer.exclude_from_weight_decay(var_list=[v for v in all_variables if id(v) not in decayed])
+  return optimizer

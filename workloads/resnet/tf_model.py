@@ -1,0 +1,139 @@
+"""ResNet v1.5 in Keras 3: the same architecture, layer order and initialisation as
+jax_model.py, so parameters convert one to one (see `load_flax_variables`).
+
+v1.5: the stride of a downsampling bottleneck sits on its 3x3 conv. Convs have no bias; 3x3 and
+7x7 convs pad symmetrically (ZeroPadding2D then VALID), as the MLPerf TF reference's
+`fixed_padding` does. At stage_sizes=(3, 4, 6, 3), width=64, 1000 classes: 25,557,032 params.
+"""
+import numpy as np
+import keras
+from keras import layers
+
+# Flax's variance_scaling(2.0, 'fan_out', 'normal') is a truncated normal: Keras' equivalent.
+conv_init = keras.initializers.VarianceScaling(2.0, "fan_out", "truncated_normal")
+dense_init = keras.initializers.RandomNormal(stddev=0.01)
+
+
+def _conv(filters, kernel, strides=1, name=None, dtype=None):
+  return layers.Conv2D(filters, kernel, strides=strides, padding="valid", use_bias=False,
+                       kernel_initializer=conv_init, name=name, dtype=dtype)
+
+
+def _bn(name, zero_init=False, dtype=None):
+  return layers.BatchNormalization(momentum=0.9, epsilon=1e-5, name=name, dtype=dtype,
+                                   gamma_initializer="zeros" if zero_init else "ones")
+
+
+def _bottleneck(x, filters, strides, prefix, dtype):
+  residual = x
+  y = _conv(filters, 1, name=f"{prefix}_conv0", dtype=dtype)(x)
+  y = layers.ReLU(dtype=dtype)(_bn(f"{prefix}_bn0", dtype=dtype)(y))
+  y = layers.ZeroPadding2D(1, dtype=dtype)(y)
+  y = _conv(filters, 3, strides, name=f"{prefix}_conv1", dtype=dtype)(y)
+  y = layers.ReLU(dtype=dtype)(_bn(f"{prefix}_bn1", dtype=dtype)(y))
+  y = _conv(filters * 4, 1, name=f"{prefix}_conv2", dtype=dtype)(y)
+  y = _bn(f"{prefix}_bn2", zero_init=True, dtype=dtype)(y)   # each block starts as identity
+  if residual.shape[-1] != filters * 4 or strides != 1:
+    residual = _conv(filters * 4, 1, strides, name=f"{prefix}_proj_conv", dtype=dtype)(residual)
+    residual = _bn(f"{prefix}_proj_bn", dtype=dtype)(residual)
+  return layers.ReLU(dtype=dtype)(layers.Add(dtype=dtype)([residual, y]))
+
+
+def block_names(stage_sizes):
+  """Keras prefix and flax module name of every bottleneck, in order."""
+  names, index = [], 0
+  for stage, num_blocks in enumerate(stage_sizes):
+    for block in range(num_blocks):
+      names.append((f"stage{stage}_block{block}", f"BottleneckBlock_{index}"))
+      index += 1
+  return names
+
+
+def resnet(stage_sizes, num_classes, width=64, image_size=224, dtype="float32"):
+  """dtype 'mixed_bfloat16' computes in bf16 with float32 variables, like the flax model."""
+  inputs = keras.Input((image_size, image_size, 3), dtype="float32")
+  x = layers.ZeroPadding2D(3, dtype=dtype)(inputs)
+  x = _conv(width, 7, 2, name="stem_conv", dtype=dtype)(x)
+  x = layers.ReLU(dtype=dtype)(_bn("stem_bn", dtype=dtype)(x))
+  x = layers.MaxPooling2D(3, 2, padding="same", dtype=dtype)(x)
+  blocks = iter(block_names(stage_sizes))
+  for stage, num_blocks in enumerate(stage_sizes):
+    for block in range(num_blocks):
+      strides = 2 if stage > 0 and block == 0 else 1
+      x = _bottleneck(x, width * 2**stage, strides, next(blocks)[0], dtype)
+  x = layers.GlobalAveragePooling2D(dtype=dtype)(x)
+  x = layers.Dense(num_classes, kernel_initializer=dense_init, name="classifier", dtype=dtype)(x)
+  outputs = layers.Activation("linear", dtype="float32")(x)       # logits in float32
+  return keras.Model(inputs, outputs, name="resnet")
+
+
+def decayed_variables(model):
+  """The weights LARS decays and trust-ratios: conv and dense kernels, found by layer role
+  (Conv2D / Dense own a `kernel`), not by matching names."""
+  return [layer.kernel for layer in model.layers if isinstance(layer, (layers.Conv2D, layers.Dense))]
+
+
+# ------------------------------------------------------------------- flax -> keras conversion
+
+def _pairs(stage_sizes):
+  """(keras layer name, flax path) for every layer with weights."""
+  pairs = [("stem_conv", ("stem_conv",)), ("stem_bn", ("stem_bn",))]
+  for keras_prefix, flax_block in block_names(stage_sizes):
+    for i in range(3):
+      pairs.append((f"{keras_prefix}_conv{i}", (flax_block, f"Conv_{i}")))
+      pairs.append((f"{keras_prefix}_bn{i}", (flax_block, f"BatchNorm_{i}")))
+    pairs.append((f"{keras_prefix}_proj_conv", (flax_block, "proj_conv")))
+    pairs.append((f"{keras_prefix}_proj_bn", (flax_block, "proj_bn")))
+  pairs.append(("classifier", ("classifier",)))
+  return pairs
+
+
+def _lookup(tree, path):
+  for key in path:
+    if key not in tree:
+      return None
+    tree = tree[key]
+  return tree
+
+
+def load_flax_variables(model, variables, stage_sizes):
+  """Copies flax {'params', 'batch_stats'} into the Keras model, layer by layer. Conv kernels are
+  HWIO in both frameworks; batch norm maps scale/bias/mean/var to gamma/beta/moving_*."""
+  params, stats = variables["params"], variables["batch_stats"]
+  copied = 0
+  for keras_name, flax_path in _pairs(stage_sizes):
+    p = _lookup(params, flax_path)
+    if p is None:
+      continue                                      # blocks without a projection
+    layer = model.get_layer(keras_name)
+    if isinstance(layer, layers.BatchNormalization):
+      s = _lookup(stats, flax_path)
+      layer.set_weights([np.asarray(p["scale"]), np.asarray(p["bias"]),
+                         np.asarray(s["mean"]), np.asarray(s["var"])])
+    elif isinstance(layer, layers.Dense):
+      layer.set_weights([np.asarray(p["kernel"]), np.asarray(p["bias"])])
+    else:
+      layer.set_weights([np.asarray(p["kernel"])])
+    copied += sum(np.size(w) for w in layer.get_weights())
+  total = sum(np.size(w) for w in model.get_weights())
+  if copied != total:
+    raise ValueError(f"converted {copied} of {total} values: the models differ")
+  return model
+
+
+def flax_path_of(model, stage_sizes):
+  """{id(keras variable): flax params path}, to compare gradients and updates across."""
+  out = {}
+  for keras_name, flax_path in _pairs(stage_sizes):
+    try:
+      layer = model.get_layer(keras_name)
+    except ValueError:
+      continue
+    if isinstance(layer, layers.BatchNormalization):
+      out[id(layer.gamma)] = flax_path + ("scale",)
+      out[id(layer.beta)] = flax_path + ("bias",)
+    else:
+      out[id(layer.kernel)] = flax_path + ("kernel",)
+      if isinstance(layer, layers.Dense):
+        out[id(layer.bias)] = flax_path + ("bias",)
+  return out
