@@ -81,20 +81,18 @@ class ResNetTrainer:
     return spec
 
   def init(self):
-    """Builds the model and optimizer and traces + compiles both steps (before run_start)."""
+    """Builds the model and optimizer, then traces and compiles the multi-step loop and the eval
+    step by running them once on zeros (no dataset exists yet), and restores the initial state."""
     self.build()
-    gbs = self.cfg.train.global_batch_size
-    self._step.get_concrete_function(self._batch_spec(gbs))
-    self._eval_step.get_concrete_function(self._batch_spec(self.cfg.data.eval_batch_size, True))
-    # XLA compiles on the first call: run one step on zeros, then restore the initial state.
-    if self.cfg.train.jit_compile:
-      saved = [v.numpy() for v in self.model.variables + self.optimizer.variables]
-      zeros = {k: tf.zeros(s.shape, s.dtype) for k, s in self._batch_spec(gbs).items()}
-      self._step(zeros)
-      self._eval_step({k: tf.zeros(s.shape, s.dtype) for k, s in self._batch_spec(
-          self.cfg.data.eval_batch_size, True).items()})
-      for var, value in zip(self.model.variables + self.optimizer.variables, saved):
-        var.assign(value)
+    gbs, eval_bs = self.cfg.train.global_batch_size, self.cfg.data.eval_batch_size
+    zeros = lambda spec: {k: tf.zeros(s.shape, s.dtype) for k, s in spec.items()}
+    state = self.model.variables + self.optimizer.variables
+    saved = [v.numpy() for v in state]
+    dummy = iter(tf.data.Dataset.from_tensors(zeros(self._batch_spec(gbs))).repeat())
+    self._train_loop(dummy, tf.constant(1))
+    self._eval_step(zeros(self._batch_spec(eval_bs, with_mask=True)))
+    for var, value in zip(state, saved):
+      var.assign(value)
 
   def _train_iterator(self):
     if self._train_iter is None:         # first use is after run_start: no data read before
@@ -140,7 +138,12 @@ def _graph_flops(function, spec):
   graph = function.get_concrete_function(spec).graph
   opts = tf.compat.v1.profiler.ProfileOptionBuilder.float_operation()
   opts["output"] = "none"
-  info = tf.compat.v1.profiler.profile(graph, options=opts)
+  verbosity = tf.get_logger().level
+  tf.get_logger().setLevel("ERROR")         # the v1 profiler warns that it is a v1 API
+  try:
+    info = tf.compat.v1.profiler.profile(graph, options=opts)
+  finally:
+    tf.get_logger().setLevel(verbosity)
   return float(info.total_float_ops) if info else float("nan")
 
 
