@@ -73,3 +73,29 @@ def test_summarize_accepts_results_folder_and_single_system_folder():
   row = one.set_index("benchmark").loc["maskrcnn"]
   assert row["converged"] == 4 and row["runs"] == 5        # one aborted run: counted as slowest
   assert row["score_min"] == whole.loc[("tpu-v3-1024-TF", "maskrcnn"), "score_min"]
+
+
+def test_committed_baseline_scores_and_gates_itself():
+  """results/baseline_cpu_mini.csv: 5 mini runs per framework measured on a 2-core CPU."""
+  import csv
+  from harness import compare
+  from tests.conftest import ROOT
+  path = os.path.join(ROOT, "results", "baseline_cpu_mini.csv")
+  table = summarize.summarize([path]).set_index("framework")
+  for framework in ("jax", "tf"):
+    with open(path) as f:
+      times = sorted(float(r["time_to_train_s"]) for r in csv.DictReader(f)
+                     if r["framework"] == framework and r["status"] == "success")
+    assert len(times) == 5
+    assert table.loc[framework, "score_min"] == pytest.approx(sum(times[1:4]) / 3 / 60)
+  assert not compare.is_regression(compare.compare(path, path, 0.05))
+
+
+@pytest.mark.slow
+def test_committed_baseline_logs_pass_the_official_checker():
+  from harness import compliance
+  from tests.conftest import ROOT
+  frame = results.read_csv(os.path.join(ROOT, "results", "baseline_cpu_mini.csv"))
+  for log in frame["log_path"]:
+    passed, report = compliance.check(os.path.join(ROOT, log))
+    assert passed, report
