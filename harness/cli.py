@@ -101,6 +101,8 @@ def build_parser():
   p.add_argument("new")
   p.add_argument("--threshold", type=_fraction, default=0.05,
                  help="relative change that counts as a regression (default 0.05)")
+  p.add_argument("--require-all", action="store_true",
+                 help="also fail when NEW lacks a workload/framework/preset of BASELINE")
 
   p = sub.add_parser("check", help="official MLPerf compliance check of a log (exit 0/1)",
                      description="Run mlperf_logging's compliance checker on LOG with the "
@@ -114,6 +116,9 @@ def build_parser():
 
 def _prepare_devices(framework, cpu_devices):
   """Must run before the framework is imported: simulated CPU devices are fixed at import."""
+  if framework == "tf" and cpu_devices and cpu_devices > 1:
+    raise UsageError(f"--cpu-devices {cpu_devices} with --framework tf: the TF trainer runs on "
+                     "one device until its tf.distribute runtime lands; allowed: 1")
   if cpu_devices and framework == "jax":
     flags = os.environ.get("XLA_FLAGS", "")
     os.environ["XLA_FLAGS"] = (flags + f" --xla_force_host_platform_device_count={cpu_devices}")
@@ -228,7 +233,7 @@ def cmd_compare(args):
   import pandas as pd
   with pd.option_context("display.width", 200):
     print(table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
-  regressed = compare.is_regression(table)
+  regressed = compare.is_regression(table, args.require_all)
   print(f"verdict: {'REGRESSION' if regressed else 'no regression'} "
         f"(threshold {args.threshold:.0%})")
   return 1 if regressed else 0

@@ -32,6 +32,7 @@ BAD_INPUTS = [
     (["check", "{tmp}/nothing.log"], "no such log file"),
     (["check", "{tmp}/file.txt"], "has no submission_benchmark line"),
     (["describe", "resnet50", "--set", "model.width=0"], "model.width=0 is out of range"),
+    (["run", "resnet50", "--framework", "tf", "--cpu-devices", "4"], "--cpu-devices 4 with --framework tf"),
 ]
 
 
