@@ -55,6 +55,18 @@ def _add_workload_args(p, with_framework=True):
                  help="override a config value, e.g. train.global_batch_size=128 (repeatable)")
   p.add_argument("--cpu-devices", type=_positive_int, metavar="N",
                  help="simulate N devices on a CPU host")
+  g = p.add_argument_group("distribution (config keys parallel.*)")
+  g.add_argument("--mesh", metavar="AXES", help="mesh axis sizes, e.g. data=8 or "
+                 "data=4,spatial=2 (default: all devices on data)")
+  g.add_argument("--bn-group-size", type=_positive_int, metavar="K",
+                 help="data replicas whose batch-norm statistics are pooled (default: all)")
+  g.add_argument("--weight-update-sharding", action="store_true",
+                 help="shard optimizer state and the weight update over the data replicas")
+  g.add_argument("--spatial-partitions", type=_positive_int, metavar="K",
+                 help="split image height over K devices (the mesh's spatial axis)")
+  g.add_argument("--coordinator", metavar="HOST:PORT", help="process 0's address (multi-host)")
+  g.add_argument("--num-processes", type=_positive_int, metavar="P", help="processes in the run")
+  g.add_argument("--process-id", type=_int, metavar="I", help="this process's index, 0..P-1")
 
 
 def build_parser():
@@ -126,10 +138,23 @@ def _prepare_devices(framework, cpu_devices):
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
+_PARALLEL_FLAGS = {"mesh": "mesh", "bn_group_size": "bn_group_size",
+                   "spatial_partitions": "spatial_partitions", "coordinator": "coordinator",
+                   "num_processes": "num_processes", "process_id": "process_id"}
+
+
 def _workload_config(args):
   spec = registry.get(args.workload)
   cfg = spec.config(args.preset)
-  config_lib.apply_overrides(cfg, args.overrides)
+  overrides = list(args.overrides)
+  for flag, key in _PARALLEL_FLAGS.items():
+    if getattr(args, flag) is not None:
+      overrides.append(f"parallel.{key}={getattr(args, flag)}")
+  if args.weight_update_sharding:
+    overrides.append("parallel.weight_update_sharding=true")
+  config_lib.apply_overrides(cfg, overrides)
+  config_lib.check_parallel_fits(cfg.parallel, cfg.train.global_batch_size,
+                                 getattr(getattr(cfg, "data", None), "image_size", None))
   return spec, cfg
 
 
@@ -153,8 +178,11 @@ def cmd_run(args):
   if args.preset == "reference" and cfg.train.target != bench_rules.target:
     raise UsageError(f"train.target={cfg.train.target} differs from the MLPerf target "
                      f"{bench_rules.target} in rules/{spec.mlperf_benchmark}.yaml")
+  if cfg.parallel.num_processes > 1 and args.seed is None:
+    raise UsageError("a multi-host run needs --seed (every process must build the same "
+                     "initial weights); allowed: the same integer on every process")
   _prepare_devices(args.framework, args.cpu_devices)
-  opts = driver.RunOptions(framework=args.framework, preset=args.preset, runs=args.runs,
+  opts = driver.RunOptions(primary=cfg.parallel.process_id == 0,framework=args.framework, preset=args.preset, runs=args.runs,
                            seed=args.seed, steps=args.steps, data_dir=args.data_dir,
                            results_path=args.results, log_dir=args.log_dir, system=args.system,
                            echo_log=args.echo_log)
@@ -210,6 +238,13 @@ def cmd_describe(args):
   print(f"precision:                {cfg.train.precision}")
   print(f"target:                   {spec.metric_name} >= {cfg.train.target} "
         f"(eval every {cfg.train.eval_every_epochs} epochs, budget {cfg.train.max_epochs})")
+  print(f"mesh:                     {trainer.mesh_description}")
+  if "optimizer_state_bytes_per_device" in info:
+    print(f"optimizer state / device: {info['optimizer_state_bytes_per_device']:,} bytes")
+  if "collectives_in_train_step" in info:
+    kinds = info["collectives_in_train_step"]
+    print("collectives in the step:  " + (", ".join(f"{k} {v}" for k, v in sorted(kinds.items()))
+                                         or "none"))
   return 0
 
 

@@ -61,6 +61,71 @@ class OptimizerConfig:
     _positive(self, "lars_eta", "decay_poly_power")
 
 
+MESH_AXES = ("data", "spatial")
+
+
+@dataclasses.dataclass
+class ParallelConfig:
+  """How a run spreads over devices and hosts; every framework runtime reads the same keys."""
+  mesh: str = ""                      # "data=8" or "data=4,spatial=2"; "": all devices on data
+  bn_group_size: int = 0              # data replicas pooling batch-norm statistics; 0: all
+  weight_update_sharding: bool = False   # optimizer state + update sharded over data replicas
+  spatial_partitions: int = 1         # shorthand for the mesh's spatial axis (image height)
+  coordinator: str = ""               # HOST:PORT of process 0, for multi-host runs
+  num_processes: int = 1
+  process_id: int = 0
+  heartbeat_timeout_s: int = 30       # a peer silent this long ends the run with an error
+
+  def axes(self) -> dict[str, int]:
+    """{'data': d, 'spatial': s} from `mesh` and `spatial_partitions` (d = 0: all devices)."""
+    axes = {"data": 0, "spatial": self.spatial_partitions}
+    for item in filter(None, (part.strip() for part in self.mesh.split(","))):
+      name, sep, size = item.partition("=")
+      if not sep or name.strip() not in MESH_AXES or not size.strip().isdigit() or int(size) < 1:
+        raise UsageError(f"--mesh {self.mesh!r}: bad axis {item!r}; allowed: NAME=SIZE with "
+                         f"NAME in {', '.join(MESH_AXES)}, e.g. data=4,spatial=2")
+      axes[name.strip()] = int(size)
+    if "spatial=" in self.mesh and self.spatial_partitions not in (1, axes["spatial"]):
+      raise UsageError(f"--spatial-partitions {self.spatial_partitions} contradicts --mesh "
+                       f"{self.mesh!r}; allowed: the same spatial size or only one of them")
+    return axes
+
+  def validate(self):
+    axes = self.axes()
+    _check_range("parallel.bn_group_size", self.bn_group_size, 0, None)
+    _check_range("parallel.spatial_partitions", self.spatial_partitions, 1, None)
+    _check_range("parallel.num_processes", self.num_processes, 1, None)
+    _check_range("parallel.process_id", self.process_id, 0, self.num_processes - 1)
+    _check_range("parallel.heartbeat_timeout_s", self.heartbeat_timeout_s, 1, None)
+    data = axes["data"]
+    if data and self.bn_group_size and data % self.bn_group_size:
+      raise UsageError(f"--bn-group-size {self.bn_group_size} does not divide the data axis "
+                       f"({data}); allowed: a divisor of {data}")
+    if self.num_processes > 1:
+      host, sep, port = self.coordinator.rpartition(":")
+      if not sep or not host or not port.isdigit():
+        raise UsageError(f"--coordinator {self.coordinator!r}: a multi-host run needs "
+                         "HOST:PORT of process 0, e.g. 127.0.0.1:12345")
+
+
+def check_parallel_fits(parallel: ParallelConfig, global_batch_size: int, image_size=None):
+  """The checks that need the workload: batch and image divisibility (before anything runs)."""
+  axes = parallel.axes()
+  data, spatial = axes["data"], axes["spatial"]
+  if data and global_batch_size % data:
+    raise UsageError(f"train.global_batch_size={global_batch_size} is not divisible by the "
+                     f"data axis ({data}); allowed: a multiple of {data}")
+  if global_batch_size % parallel.num_processes:
+    raise UsageError(f"train.global_batch_size={global_batch_size} is not divisible by "
+                     f"--num-processes {parallel.num_processes}")
+  if spatial > 1 and image_size is not None and image_size % spatial:
+    raise UsageError(f"--spatial-partitions {spatial} does not divide the image height "
+                     f"{image_size}; allowed: a divisor of {image_size}")
+  if spatial > 1 and parallel.bn_group_size and parallel.bn_group_size != data:
+    raise UsageError("--bn-group-size with --spatial-partitions > 1: grouped batch norm runs "
+                     "only without spatial partitioning; allowed: --bn-group-size 0 (all)")
+
+
 def _positive(obj, *names):
   section = type(obj).__name__.replace("Config", "").lower()
   for name in names:

@@ -40,6 +40,7 @@ class RunOptions:
   log_dir: str = "logs"
   system: str = ""
   echo_log: bool = False
+  primary: bool = True             # multi-host: only process 0 writes the log and the row
 
 
 def blocks(max_epochs, eval_every, eval_offset):
@@ -91,14 +92,15 @@ class Run:
     self.started_at = stamp.isoformat(timespec="seconds")
     self.run_id = (f"{spec.name}_{opts.framework}_{opts.preset}_"
                    f"{stamp.strftime('%Y%m%dT%H%M%S')}_{index}_{uuid.uuid4().hex[:6]}")
-    os.makedirs(opts.log_dir, exist_ok=True)
+    if opts.primary:
+      os.makedirs(opts.log_dir, exist_ok=True)
     self.log_path = os.path.join(opts.log_dir, self.run_id + ".log")
 
   def _print(self, message):
     print(f"[{self.run_id}] {message}", flush=True)
 
   def execute(self) -> results.ResultRow:
-    log = RunLog(self.log_path, echo=self.opts.echo_log)
+    log = RunLog(self.log_path if self.opts.primary else os.devnull, echo=self.opts.echo_log)
     try:
       return self._execute(log)
     finally:
@@ -118,7 +120,7 @@ class Run:
     log.event(C.TRAIN_SAMPLES, trainer.train_examples)
     log.event(C.EVAL_SAMPLES, trainer.eval_examples)
     if self.spec.bn_span:
-      log.event(C.MODEL_BN_SPAN, self.spec.bn_span(cfg, trainer.num_devices))
+      log.event(C.MODEL_BN_SPAN, self.spec.bn_span(cfg, trainer.data_replicas))
     for key, value in self.spec.mllog_hyperparameters(cfg, trainer.train_examples).items():
       log.event(key, value)
 
@@ -169,12 +171,13 @@ class Run:
       if row["status"] == C.SUCCESS and not synthetic:
         row["time_to_train_s"] = (int(run_stop * 1000) - int(run_start * 1000)) / 1000
       result = self._row(row)
-      results.append_row(opts.results_path, result)
+      if opts.primary:
+        results.append_row(opts.results_path, result)
       self._print(f"run_stop status={row['status']}"
                   + (f" ({row['abort_reason']})" if row["abort_reason"] else "")
                   + (f" time_to_train={result.time_to_train_s:.1f}s"
                      if result.time_to_train_s is not None else "")
-                  + f"; row appended to {opts.results_path}")
+                  + (f"; row appended to {opts.results_path}" if opts.primary else ""))
     return result
 
   def _synthetic(self, log, steps, row):
@@ -255,7 +258,7 @@ class Run:
         final_metric=r["metric"], metric_name=self.spec.metric_name,
         target=None if synthetic else cfg.train.target,
         global_batch_size=cfg.train.global_batch_size, num_devices=trainer.num_devices,
-        device_kind=trainer.device_kind, mesh=f"data={trainer.num_devices}", seed=self.seed,
+        device_kind=trainer.device_kind, mesh=trainer.mesh_description, seed=self.seed,
         throughput=r["throughput"],
         mfu=_mfu(r["flops"], r["throughput"], trainer.device_kind, trainer.num_devices,
                  cfg.train.precision),

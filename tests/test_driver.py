@@ -12,7 +12,7 @@ from workloads.resnet import spec
 
 class ScriptedTrainer:
   """Returns a given accuracy after each eval; counts the steps it is asked to run."""
-  num_devices, device_kind = 1, "scripted"
+  num_devices, data_replicas, device_kind, mesh_description = 1, 1, "scripted", "data=1"
 
   def __init__(self, accuracies, losses=None, fail_at_eval=None):
     self.accuracies, self.losses = list(accuracies), losses

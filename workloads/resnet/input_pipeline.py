@@ -7,6 +7,8 @@ Three sources:
 Every pipeline yields batches of {'image': float32 [B,H,W,3], 'label': int32 [B]}; eval
 batches add 'mask' (1.0 for real examples, 0.0 for padding) so every example counts once.
 """
+import math
+
 import numpy as np
 import tensorflow as tf
 import tensorflow_datasets as tfds
@@ -70,7 +72,8 @@ def _imagenet_split(split, data_dir, process_index, process_count):
                    download=False)
 
 
-def imagenet_train(data_cfg, host_batch_size, seed, data_dir, process_index=0, process_count=1):
+def imagenet_train(data_cfg, global_batch_size, seed, data_dir, process_index=0, process_count=1):
+  host_batch_size = global_batch_size // process_count
   ds = _imagenet_split("train", data_dir, process_index, process_count)
   options = tf.data.Options()
   options.deterministic = False      # throughput over order; the shuffle is still seeded
@@ -81,23 +84,35 @@ def imagenet_train(data_cfg, host_batch_size, seed, data_dir, process_index=0, p
   return ds.batch(host_batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
 
 
-def imagenet_eval(data_cfg, host_batch_size, data_dir, process_index=0, process_count=1):
+def imagenet_eval(data_cfg, global_batch_size, data_dir, process_index=0, process_count=1):
+  host_batch_size = global_batch_size // process_count
   ds = _imagenet_split("validation", data_dir, process_index, process_count)
   ds = ds.map(lambda ex: {"image": preprocess_eval(ex["image"], data_cfg.image_size),
                           "label": tf.cast(ex["label"], tf.int32)},
               num_parallel_calls=tf.data.AUTOTUNE)
-  return pad_and_batch(ds, host_batch_size).prefetch(tf.data.AUTOTUNE)
+  steps = (eval_batches_per_host(data_cfg.eval_examples, host_batch_size, process_count)
+           if process_count > 1 else None)
+  return pad_and_batch(ds, host_batch_size, steps).prefetch(tf.data.AUTOTUNE)
 
 
-def pad_and_batch(ds, batch_size):
-  """Batches an eval split, padding the last batch with mask=0 examples to a full batch."""
+def pad_and_batch(ds, batch_size, num_batches=None):
+  """Batches an eval split, padding with mask=0 examples to full batches. With num_batches,
+  pads (or would truncate) to exactly that many batches, so every host runs the same number of
+  eval steps; without, drops an all-padding final batch."""
   ds = ds.map(lambda ex: {**ex, "mask": tf.constant(1.0)})
   element = ds.element_spec
   padding = tf.data.Dataset.from_tensors(
-      {k: tf.zeros(spec.shape, spec.dtype) for k, spec in element.items()}).repeat(batch_size - 1)
-  ds = ds.concatenate(padding).batch(batch_size, drop_remainder=True)
-  # Drop an all-padding final batch (when the split divides the batch size exactly).
+      {k: tf.zeros(spec.shape, spec.dtype) for k, spec in element.items()})
+  if num_batches is not None:
+    return ds.concatenate(padding.repeat()).take(num_batches * batch_size).batch(batch_size)
+  ds = ds.concatenate(padding.repeat(batch_size - 1)).batch(batch_size, drop_remainder=True)
   return ds.filter(lambda batch: tf.reduce_max(batch["mask"]) > 0)
+
+
+def eval_batches_per_host(eval_examples, host_batch_size, process_count):
+  """Eval steps every host runs: enough for the largest host share (tfds.even_splits and
+  Dataset.shard give hosts at most ceil(N / hosts) examples)."""
+  return math.ceil(math.ceil(eval_examples / process_count) / host_batch_size)
 
 
 # ----------------------------------------------------------------------------- mini
@@ -128,34 +143,49 @@ def mini_arrays(data_cfg, num_classes, split):
   return images.astype(np.float32), labels.astype(np.int32)
 
 
-def mini_train(data_cfg, num_classes, host_batch_size, seed, process_index=0, process_count=1):
+def mini_train(data_cfg, num_classes, global_batch_size, seed, process_index=0, process_count=1):
+  """Each host yields its slice of the same seeded global batch: the global batches do not
+  depend on the number of hosts, so multi-host runs are comparable with one host step by step.
+  The flips are stateless (seeded by the example's position in the stream) for the same reason."""
   images, labels = mini_arrays(data_cfg, num_classes, "train")
-  ds = tf.data.Dataset.from_tensor_slices({"image": images, "label": labels})
-  ds = ds.shard(process_count, process_index).cache()
-  ds = ds.repeat().shuffle(data_cfg.shuffle_buffer, seed=seed)
-  ds = ds.map(lambda ex: {**ex, "image": tf.image.random_flip_left_right(ex["image"])},
+  ds = tf.data.Dataset.from_tensor_slices({"image": images, "label": labels}).cache()
+  ds = ds.repeat().shuffle(data_cfg.shuffle_buffer, seed=seed).enumerate()
+  ds = ds.map(lambda i, ex: {**ex, "image": tf.image.stateless_random_flip_left_right(
+      ex["image"], seed=tf.stack([tf.cast(seed, tf.int64), i]))},
               num_parallel_calls=tf.data.AUTOTUNE)
-  return ds.batch(host_batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+  ds = ds.batch(global_batch_size, drop_remainder=True)
+  if process_count > 1:
+    host = global_batch_size // process_count
+    ds = ds.map(lambda b: {k: v[process_index * host:(process_index + 1) * host]
+                           for k, v in b.items()})
+  return ds.prefetch(tf.data.AUTOTUNE)
 
 
-def mini_eval(data_cfg, num_classes, host_batch_size, process_index=0, process_count=1):
+def mini_eval(data_cfg, num_classes, global_batch_size, process_index=0, process_count=1):
+  host_batch_size = global_batch_size // process_count
   images, labels = mini_arrays(data_cfg, num_classes, "eval")
   ds = tf.data.Dataset.from_tensor_slices({"image": images, "label": labels})
   ds = ds.shard(process_count, process_index)
-  return pad_and_batch(ds, host_batch_size).cache().prefetch(tf.data.AUTOTUNE)
+  steps = (eval_batches_per_host(data_cfg.eval_examples, host_batch_size, process_count)
+           if process_count > 1 else None)
+  return pad_and_batch(ds, host_batch_size, steps).cache().prefetch(tf.data.AUTOTUNE)
 
 
 # ----------------------------------------------------------------------------- entry points
 
-def train_dataset(cfg, host_batch_size, seed, data_dir=None, process_index=0, process_count=1):
+def train_dataset(cfg, global_batch_size, seed, data_dir=None, process_index=0, process_count=1):
+  """This host's batches: global_batch_size / process_count examples each."""
   if cfg.data.source == "mini":
-    return mini_train(cfg.data, cfg.model.num_classes, host_batch_size, seed,
+    return mini_train(cfg.data, cfg.model.num_classes, global_batch_size, seed,
                       process_index, process_count)
-  return imagenet_train(cfg.data, host_batch_size, seed, data_dir, process_index, process_count)
+  return imagenet_train(cfg.data, global_batch_size, seed, data_dir, process_index,
+                        process_count)
 
 
-def eval_dataset(cfg, host_batch_size, data_dir=None, process_index=0, process_count=1):
+def eval_dataset(cfg, global_batch_size, data_dir=None, process_index=0, process_count=1):
+  """This host's share of the eval split in padded batches of global/process_count; with
+  several hosts every host yields the same number of batches."""
   if cfg.data.source == "mini":
-    return mini_eval(cfg.data, cfg.model.num_classes, host_batch_size, process_index,
+    return mini_eval(cfg.data, cfg.model.num_classes, global_batch_size, process_index,
                      process_count)
-  return imagenet_eval(cfg.data, host_batch_size, data_dir, process_index, process_count)
+  return imagenet_eval(cfg.data, global_batch_size, data_dir, process_index, process_count)

@@ -46,12 +46,14 @@ class ResNet(nn.Module):
   num_classes: int
   width: int = 64
   dtype: Any = jnp.float32          # compute dtype; parameters stay float32
+  bn_axis_name: Any = None          # mesh axis whose devices pool batch statistics (shard_map)
 
   @nn.compact
   def __call__(self, x, train: bool = True):
     conv = functools.partial(nn.Conv, use_bias=False, dtype=self.dtype, kernel_init=conv_init)
     norm = functools.partial(nn.BatchNorm, use_running_average=not train, momentum=0.9,
-                             epsilon=1e-5, dtype=self.dtype)
+                             epsilon=1e-5, dtype=self.dtype,
+                             axis_name=self.bn_axis_name if train else None)
     x = x.astype(self.dtype)
     x = conv(self.width, (7, 7), strides=(2, 2), padding=((3, 3), (3, 3)), name="stem_conv")(x)
     x = nn.relu(norm(name="stem_bn")(x))

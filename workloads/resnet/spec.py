@@ -2,7 +2,8 @@
 import dataclasses
 
 from harness import rules
-from harness.config import OptimizerConfig, TrainConfig, _check_choice, _positive
+from harness.config import (OptimizerConfig, ParallelConfig, TrainConfig, _check_choice,
+                            _positive)
 from harness.errors import UsageError
 from harness.workload import WorkloadSpec
 from workloads.optim import schedules
@@ -51,6 +52,7 @@ class ResNetConfig:
   data: DataConfig = dataclasses.field(default_factory=DataConfig)
   optimizer: OptimizerConfig = dataclasses.field(default_factory=OptimizerConfig)
   train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
+  parallel: ParallelConfig = dataclasses.field(default_factory=ParallelConfig)
 
 
 def reference() -> ResNetConfig:
@@ -116,6 +118,9 @@ SPEC = WorkloadSpec(
     presets={"mini": mini, "reference": reference, "synthetic": synthetic},
     trainer_modules={"jax": "workloads.resnet.jax_trainer", "tf": "workloads.resnet.tf_trainer"},
     mllog_hyperparameters=mllog_hyperparameters,
-    # Plain jit over a data-sharded batch computes batch statistics over the whole batch.
-    bn_span=lambda cfg, num_devices: cfg.train.global_batch_size,
+    # Samples per batch-norm statistic: group size x per-replica batch (all replicas: the
+    # global batch, which plain jit over a data-sharded batch computes).
+    bn_span=lambda cfg, data_replicas: (
+        (cfg.parallel.bn_group_size or data_replicas)
+        * cfg.train.global_batch_size // data_replicas),
 )

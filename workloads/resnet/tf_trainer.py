@@ -24,7 +24,8 @@ def cross_entropy(logits, labels, num_classes, label_smoothing):
 class ResNetTrainer:
   def __init__(self, cfg, ctx):
     self.cfg, self.ctx = cfg, ctx
-    self.num_devices = 1
+    self.num_devices = self.data_replicas = 1
+    self.mesh_description = "data=1"
     gpus = tf.config.list_logical_devices("GPU")
     self.device_kind = (tf.config.experimental.get_device_details(
         tf.config.list_physical_devices("GPU")[0]).get("device_name", "GPU") if gpus else "cpu")

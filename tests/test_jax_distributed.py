@@ -1,0 +1,205 @@
+"""The JAX distributed runtime on 8 simulated CPU devices: each feature against the
+single-device run (or a hand-computed reference), over several optimizer steps."""
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from harness import config
+from harness.workload import RunContext
+from tests.conftest import ROOT, clean_env
+from workloads.parallel import jax_runtime
+from workloads.resnet import input_pipeline, jax_trainer, spec
+
+
+def tiny_config(**parallel):
+  cfg = spec.mini()
+  config.apply_overrides(cfg, ["model.stage_sizes=1,1", "model.width=4", "data.image_size=16",
+                               "data.train_examples=64", "data.eval_examples=40",
+                               "data.eval_batch_size=16", "train.global_batch_size=16"])
+  for key, value in parallel.items():
+    setattr(cfg.parallel, key, value)
+  return cfg
+
+
+def trained(steps=3, optimizer="lars", width=4, **parallel):
+  cfg = tiny_config(**parallel)
+  cfg.optimizer.name = optimizer
+  cfg.model.width = width
+  trainer = spec.SPEC.make_trainer("jax", cfg, RunContext(seed=0, preset="mini"))
+  trainer.init()
+  if steps:
+    trainer.train(steps)
+  return trainer
+
+
+def params_of(trainer):
+  return jax.tree.map(np.asarray, jax.device_get(trainer.state.params))
+
+
+def assert_trees_close(a, b, rtol=1e-5, atol=1e-6):
+  for (path, x), y in zip(jax.tree_util.tree_leaves_with_path(a), jax.tree.leaves(b)):
+    np.testing.assert_allclose(x, y, rtol=rtol, atol=atol, err_msg=jax.tree_util.keystr(path))
+
+
+@pytest.fixture(scope="module")
+def single_device():
+  return params_of(trained(mesh="data=1"))
+
+
+def test_eight_simulated_devices():
+  assert jax.device_count() == 8
+
+
+def test_data_parallel_global_bn_equals_one_device(single_device):
+  trainer = trained(mesh="data=8")
+  assert trainer.num_devices == 8 and trainer.runtime.bn_group_size == 8
+  assert_trees_close(params_of(trainer), single_device)
+
+
+def test_weight_update_sharding_equals_unsharded_and_cuts_state_8x(single_device):
+  sharded = trained(mesh="data=8", weight_update_sharding=True)
+  assert_trees_close(params_of(sharded), single_device)
+  # bytes at the mini preset's width (8): its channel counts divide over 8 replicas
+  wide = trained(steps=0, width=8, mesh="data=8", weight_update_sharding=True)
+  plain = trained(steps=0, width=8, mesh="data=8")
+  ratio = (jax_runtime.per_device_bytes(wide.state.opt_state)
+           / jax_runtime.per_device_bytes(plain.state.opt_state))
+  assert abs(ratio - 1 / 8) < 0.05 / 8, ratio
+  # parameters stay whole on every device (all-gathered after the update)
+  kernel = sharded.state.params["classifier"]["kernel"]
+  assert kernel.addressable_shards[0].data.shape == kernel.shape
+
+
+def test_weight_update_sharding_with_sgd():
+  assert_trees_close(params_of(trained(optimizer="sgd", mesh="data=8",
+                                       weight_update_sharding=True)),
+                     params_of(trained(optimizer="sgd", mesh="data=1")))
+
+
+def test_lamb_trust_ratio_is_over_whole_layers_under_weight_update_sharding():
+  """optax.lamb's per-layer norms computed on sharded state equal the unsharded update."""
+  runtime = jax_runtime.MeshRuntime(tiny_config(mesh="data=8", weight_update_sharding=True).parallel)
+  rng = np.random.default_rng(0)
+  params = {"w": jnp.asarray(rng.normal(size=(64, 24)), jnp.float32),
+            "b": jnp.asarray(rng.normal(size=(24,)), jnp.float32)}
+  grads = jax.tree.map(lambda p: jnp.asarray(rng.normal(size=p.shape), jnp.float32), params)
+  tx = optax.lamb(1e-2, weight_decay=0.01)
+
+  def step(params, grads):
+    state = tx.init(params)
+    updates, _ = tx.update(runtime.constrain_update(grads), state, params)
+    return runtime.replicate(optax.apply_updates(params, updates))
+
+  with_sharding = jax.jit(step)(params, grads)
+  plain = jax.jit(jax.jit(lambda p, g: optax.apply_updates(p, tx.update(g, tx.init(p), p)[0])))(
+      params, grads)
+  assert_trees_close(with_sharding, plain)
+  assert runtime.update_sharding((64, 24)).spec[0] == jax_runtime.DATA
+
+
+def test_grouped_bn_equals_a_hand_computed_reference():
+  """Groups of 2 replicas x 2 examples: batch norm over each group of 4 examples, gradients
+  averaged over the 4 groups, one LARS step: computed here on one device, group by group."""
+  grouped = trained(steps=0, mesh="data=8", bn_group_size=2)
+  reference = trained(steps=0, mesh="data=1")
+  state = reference.state
+  cfg = reference.cfg
+  batch = next(input_pipeline.train_dataset(cfg, 16, seed=0).as_numpy_iterator())
+  chunks = [{k: v[i * 4:(i + 1) * 4] for k, v in batch.items()} for i in range(4)]
+  outs = [jax_trainer.loss_and_grads(state.apply_fn, state.params, state.batch_stats, c,
+                                     cfg.model.num_classes, cfg.optimizer.label_smoothing)
+          for c in chunks]
+  grads = jax.tree.map(lambda *g: sum(g) / 4, *[o[1] for o in outs])
+  stats = jax.tree.map(lambda *s: sum(s) / 4, *[o[2] for o in outs])
+  expected = state.apply_gradients(grads=grads, batch_stats=stats)
+  grouped.train(1)
+  assert_trees_close(params_of(grouped), jax.device_get(expected.params))
+  assert_trees_close(jax.device_get(grouped.state.batch_stats), jax.device_get(stats))
+  hlo = grouped._train_step.as_text()
+  assert "replica_groups={{0,1},{2,3},{4,5},{6,7}}" in hlo.replace(" ", "")
+
+
+def test_grouped_bn_differs_from_global_bn():
+  local = params_of(trained(steps=2, mesh="data=8", bn_group_size=1))   # step 0 has lr 0
+  whole = params_of(trained(steps=2, mesh="data=8"))
+  assert not np.allclose(local["classifier"]["kernel"], whole["classifier"]["kernel"],
+                         rtol=1e-4, atol=1e-6)
+
+
+def test_spatial_partitioning_equals_unsharded_with_halo_exchange():
+  spatial = trained(mesh="data=4,spatial=2")
+  assert spatial.num_devices == 8
+  assert_trees_close(params_of(spatial), params_of(trained(mesh="data=4")), rtol=2e-5)
+  counts = jax_runtime.count_collectives(spatial._train_step.as_text())
+  assert counts.get("collective-permute", 0) > 0, counts
+  image = spatial.runtime.batch_sharding(4)
+  assert image.spec == jax.sharding.PartitionSpec(jax_runtime.DATA, "spatial")
+
+
+def test_distributed_eval_counts_every_example_once():
+  trainer = trained(steps=0, mesh="data=8")
+  result = trainer.evaluate()
+  assert result["count"] == 40                     # 40 examples in padded batches of 16
+  single = trained(steps=0, mesh="data=1").evaluate()
+  assert result["accuracy"] == pytest.approx(single["accuracy"])
+
+
+@pytest.mark.parametrize("parallel, message", [
+    (dict(mesh="data=16"), "needs 16 devices; 8 available"),
+    (dict(mesh="data=3"), "not divisible by the 3 devices"),
+])
+def test_impossible_meshes_are_refused(parallel, message):
+  cfg = tiny_config(**parallel)
+  with pytest.raises(ValueError, match=message):
+    spec.SPEC.make_trainer("jax", cfg, RunContext(seed=0, preset="mini"))
+
+
+def _free_port():
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def _worker(out, processes, pid, port, devices, *extra):
+  return subprocess.Popen([sys.executable, os.path.join(ROOT, "tests", "jax_multihost_worker.py"),
+                           str(out), str(processes), str(pid), str(port), str(devices), *extra],
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
+                          env=clean_env())
+
+
+@pytest.mark.slow
+def test_two_processes_equal_one_process(tmp_path):
+  port = _free_port()
+  procs = [_worker(tmp_path / "multi.npz", 2, i, port, 2) for i in range(2)]
+  outputs = [p.communicate(timeout=300)[0] for p in procs]
+  assert [p.returncode for p in procs] == [0, 0], "\n".join(o[-3000:] for o in outputs)
+  single = _worker(tmp_path / "single.npz", 1, 0, _free_port(), 4)
+  out = single.communicate(timeout=300)[0]
+  assert single.returncode == 0, out[-3000:]
+  multi, one = np.load(tmp_path / "multi.npz"), np.load(tmp_path / "single.npz")
+  assert int(multi["count"]) == int(one["count"]) == 40
+  assert float(multi["accuracy"]) == pytest.approx(float(one["accuracy"]))
+  for key in one.files:
+    np.testing.assert_allclose(multi[key], one[key], rtol=1e-5, atol=1e-6, err_msg=key)
+
+
+@pytest.mark.slow
+def test_a_dead_process_ends_the_others_with_an_error(tmp_path):
+  port = _free_port()
+  survivor = _worker(tmp_path / "x.npz", 2, 0, port, 1)
+  dying = _worker(tmp_path / "x.npz", 2, 1, port, 1, "--die")
+  start = time.time()
+  dying.communicate(timeout=300)
+  out = survivor.communicate(timeout=180)[0]
+  assert dying.returncode == 3
+  assert survivor.returncode != 0
+  assert time.time() - start < 150
+  assert "worker done" not in out
