@@ -126,6 +126,15 @@ def build_parser():
 
 # ----------------------------------------------------------------------------- commands
 
+def _check_mesh_fits_cpu_devices(parallel, cpu_devices):
+  """With simulated devices the count is known before any framework loads: check it here."""
+  axes = parallel.axes()
+  needed = max(axes["data"], 1) * axes["spatial"]
+  if cpu_devices and needed > cpu_devices:
+    raise UsageError(f"--mesh data={axes['data']},spatial={axes['spatial']} needs {needed} "
+                     f"devices; {cpu_devices} available (--cpu-devices)")
+
+
 def _prepare_devices(framework, cpu_devices):
   """Must run before the framework is imported: simulated CPU devices are fixed at import."""
   if framework == "tf" and cpu_devices and cpu_devices > 1:
@@ -135,7 +144,9 @@ def _prepare_devices(framework, cpu_devices):
     flags = os.environ.get("XLA_FLAGS", "")
     os.environ["XLA_FLAGS"] = (flags + f" --xla_force_host_platform_device_count={cpu_devices}")
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
-  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+  # TensorFlow's C++ start-up chatter (CUDA probes on a CPU host) would bury our one-line
+  # errors and progress lines; Python-level TF errors still raise. Set it yourself to see it.
+  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 
 _PARALLEL_FLAGS = {"mesh": "mesh", "bn_group_size": "bn_group_size",
@@ -181,6 +192,7 @@ def cmd_run(args):
   if cfg.parallel.num_processes > 1 and args.seed is None:
     raise UsageError("a multi-host run needs --seed (every process must build the same "
                      "initial weights); allowed: the same integer on every process")
+  _check_mesh_fits_cpu_devices(cfg.parallel, args.cpu_devices)
   _prepare_devices(args.framework, args.cpu_devices)
   opts = driver.RunOptions(primary=cfg.parallel.process_id == 0,framework=args.framework, preset=args.preset, runs=args.runs,
                            seed=args.seed, steps=args.steps, data_dir=args.data_dir,
@@ -212,6 +224,7 @@ def cmd_list(_):
 
 def cmd_describe(args):
   spec, cfg = _workload_config(args)
+  _check_mesh_fits_cpu_devices(cfg.parallel, args.cpu_devices)
   _prepare_devices(args.framework, args.cpu_devices)
   import copy
   from harness.workload import RunContext

@@ -7,7 +7,6 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARED_RESULTS = os.path.join(os.path.dirname(ROOT), "shared", "mlperf_results", "training_v0.7")
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # In-process JAX tests see 8 simulated CPU devices (set before anything imports jax).
 USER_XLA_FLAGS = os.environ.get("XLA_FLAGS", "")
 os.environ["XLA_FLAGS"] = USER_XLA_FLAGS + " --xla_force_host_platform_device_count=8"

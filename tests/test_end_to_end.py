@@ -109,3 +109,41 @@ def test_mini_on_simulated_devices_matches_the_device_count(cli, tmp_path):
   assert proc.returncode == 2
   assert "not divisible by the 3 devices" in proc.stderr
   assert not (tmp_path / "r.csv").exists() and not glob.glob(str(tmp_path / "logs" / "*"))
+
+
+def test_mini_on_8_devices_grouped_bn_weight_update_sharding(cli, tmp_path):
+  results_csv = tmp_path / "results.csv"
+  proc = cli("run", "resnet50", "--seed", "0", "--cpu-devices", "8", "--mesh", "data=8",
+             "--bn-group-size", "2", "--weight-update-sharding", "--results", str(results_csv),
+             "--log-dir", str(tmp_path / "logs"))
+  assert proc.returncode == 0, proc.stdout + proc.stderr
+  row = pd.read_csv(results_csv).iloc[0]
+  assert row["status"] == "success" and row["num_devices"] == 8 and row["mesh"] == "data=8"
+  span = next(e for e in _log_events(row["log_path"]) if e["key"] == "model_bn_span")
+  assert span["value"] == 2 * 64 // 8                  # group of 2 replicas x 8 examples
+  assert cli("check", row["log_path"]).returncode == 0
+
+
+def test_run_benchmark_launched_once_per_process(tmp_path):
+  """Two processes on 127.0.0.1, as the README shows; process 0 writes the log and the row."""
+  import os
+  import socket
+  import subprocess
+  import sys
+  from tests.conftest import ROOT, clean_env
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+  procs = [subprocess.Popen(
+      [sys.executable, os.path.join(ROOT, "run_benchmark.py"), "run", "resnet50", "--seed", "0",
+       "--steps", "64", "--cpu-devices", "2", "--coordinator", f"127.0.0.1:{port}",
+       "--num-processes", "2", "--process-id", str(i), "--results", str(tmp_path / "r.csv"),
+       "--log-dir", str(tmp_path / f"logs{i}")], stdout=subprocess.PIPE,
+      stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=clean_env()) for i in range(2)]
+  outs = [p.communicate(timeout=300)[0] for p in procs]
+  assert [p.returncode for p in procs] == [1, 1], outs     # 64 steps: budget, not target
+  frame = pd.read_csv(tmp_path / "r.csv")
+  assert len(frame) == 1 and frame.iloc[0]["num_devices"] == 4
+  assert frame.iloc[0]["final_metric"] > 0.2
+  assert not (tmp_path / "logs1").exists()
+  assert compliance.check(frame.iloc[0]["log_path"])[0]
