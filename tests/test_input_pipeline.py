@@ -22,7 +22,7 @@ def _imagenet_cfg(image_size=64):
 def test_imagenet2012_train_pipeline_on_tfds_mock_data(tmp_path):
   cfg = _imagenet_cfg()
   with tfds.testing.mock_data(num_examples=24):
-    ds = input_pipeline.train_dataset(cfg, host_batch_size=8, seed=0, data_dir=str(tmp_path))
+    ds = input_pipeline.train_dataset(cfg, 8, seed=0, data_dir=str(tmp_path))
     batch = next(iter(ds.as_numpy_iterator()))
   assert batch["image"].shape == (8, 64, 64, 3) and batch["image"].dtype == np.float32
   assert batch["label"].shape == (8,) and batch["label"].dtype == np.int32
@@ -35,9 +35,10 @@ def test_imagenet2012_eval_counts_every_example_once_across_hosts(imagenet_dir):
   cfg = _imagenet_cfg()
   counts, labels = [], []
   for host in range(2):
-    ds = input_pipeline.eval_dataset(cfg, host_batch_size=4, data_dir=imagenet_dir,
+    ds = input_pipeline.eval_dataset(cfg, 8, data_dir=imagenet_dir,
                                      process_index=host, process_count=2)
     batches = list(ds.as_numpy_iterator())
+    assert len(batches) == 3                     # the same count on both hosts: 11 -> 3 x 4
     assert all(b["image"].shape == (4, 64, 64, 3) for b in batches)
     counts.append(sum(b["mask"].sum() for b in batches))
     labels += [l for b in batches for l, m in zip(b["label"], b["mask"]) if m]
@@ -49,7 +50,7 @@ def test_imagenet2012_eval_counts_every_example_once_across_hosts(imagenet_dir):
 
 def test_imagenet2012_train_pipeline_on_the_real_tfds_format(imagenet_dir):
   cfg = _imagenet_cfg(image_size=48)
-  ds = input_pipeline.train_dataset(cfg, host_batch_size=16, seed=1, data_dir=imagenet_dir)
+  ds = input_pipeline.train_dataset(cfg, 16, seed=1, data_dir=imagenet_dir)
   batches = list(ds.take(3).as_numpy_iterator())     # repeats past the 30 examples
   assert all(b["image"].shape == (16, 48, 48, 3) for b in batches)
   assert np.isfinite(np.stack([b["image"] for b in batches])).all()
@@ -72,6 +73,8 @@ def test_pad_and_batch_masks_padding():
   assert [b["mask"].tolist() for b in batches] == [[1] * 4, [1] * 4, [1, 1, 0, 0]]
   exact = list(input_pipeline.pad_and_batch(ds.take(8), 4).as_numpy_iterator())
   assert len(exact) == 2
+  fixed = list(input_pipeline.pad_and_batch(ds, 4, num_batches=4).as_numpy_iterator())
+  assert [b["mask"].sum() for b in fixed] == [4, 4, 2, 0]
 
 
 def test_mini_dataset_is_deterministic_and_noisy_labelled():
@@ -87,19 +90,21 @@ def test_mini_dataset_is_deterministic_and_noisy_labelled():
   assert np.bincount(a_lbl, minlength=10).min() > data.train_examples / 10 * 0.7
 
 
-@pytest.mark.parametrize("process_count", [1, 2])
-def test_mini_train_is_sharded_per_host(process_count):
+def test_mini_hosts_yield_slices_of_the_same_global_batch():
   cfg = spec.mini()
   cfg.data.train_examples = 64
   cfg.data.shuffle_buffer = 64
-  seen = []
-  for host in range(process_count):
-    ds = input_pipeline.mini_train(cfg.data, 10, host_batch_size=64 // process_count, seed=0,
-                                   process_index=host, process_count=process_count)
-    seen.append(next(iter(ds.as_numpy_iterator()))["image"])
-  images = np.concatenate(seen)
-  # one pass of the shuffled, sharded data covers every example exactly once
+  one = list(input_pipeline.mini_train(cfg.data, 10, 16, seed=3).take(4).as_numpy_iterator())
+  hosts = [list(input_pipeline.mini_train(cfg.data, 10, 16, seed=3, process_index=i,
+                                          process_count=2).take(4).as_numpy_iterator())
+           for i in range(2)]
+  for step, batch in enumerate(one):
+    for key in ("image", "label"):
+      joined = np.concatenate([hosts[0][step][key], hosts[1][step][key]])
+      np.testing.assert_array_equal(joined, batch[key])
+  # every image is an example of the set, possibly flipped
   full, _ = input_pipeline.mini_arrays(cfg.data, 10, "train")
-  flipped_or_same = [min(np.abs(full - x).sum((1, 2, 3)).min(),
-                         np.abs(full[:, :, ::-1] - x).sum((1, 2, 3)).min()) for x in images]
-  assert max(flipped_or_same) < 1e-3
+  images = np.concatenate([b["image"] for b in one])
+  nearest = [min(np.abs(full - x).sum((1, 2, 3)).min(),
+                 np.abs(full[:, :, ::-1] - x).sum((1, 2, 3)).min()) for x in images]
+  assert max(nearest) < 1e-3

@@ -120,10 +120,11 @@ def test_loss_and_gradients_agree(models):
   theirs = [np.ravel(_get(jax_grads, paths[id(v)])) for v in clone.trainable_variables]
   assert rel_err(np.concatenate(ours), np.concatenate(theirs)) < 1e-5
   for var, a, b in zip(clone.trainable_variables, ours, theirs):
-    # per tensor, float32 cancellation shows in near-zero gradients (e.g. a BN bias before a
-    # max-pool): measure those against the gradient's overall scale
+    # per tensor, float32 summation order (XLA's threading differs with the device count) and
+    # cancellation in near-zero gradients (a BN bias before a max-pool) show at ~1e-5: measure
+    # against the larger of the tensor's and a tenth of the whole gradient's norm
     scale = max(np.linalg.norm(b), 0.1 * np.linalg.norm(np.concatenate(theirs)))
-    assert np.linalg.norm(a - b) / scale < 1e-5, paths[id(var)]
+    assert np.linalg.norm(a - b) / scale < 3e-5, paths[id(var)]
 
 
 @pytest.mark.parametrize("name", ["lars", "sgd"])

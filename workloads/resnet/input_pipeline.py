@@ -90,8 +90,10 @@ def imagenet_eval(data_cfg, global_batch_size, data_dir, process_index=0, proces
   ds = ds.map(lambda ex: {"image": preprocess_eval(ex["image"], data_cfg.image_size),
                           "label": tf.cast(ex["label"], tf.int32)},
               num_parallel_calls=tf.data.AUTOTUNE)
-  steps = (eval_batches_per_host(data_cfg.eval_examples, host_batch_size, process_count)
-           if process_count > 1 else None)
+  steps = None
+  if process_count > 1:          # the split's real size, so no host ever truncates its share
+    total = tfds.builder("imagenet2012", data_dir=data_dir).info.splits["validation"].num_examples
+    steps = eval_batches_per_host(total, host_batch_size, process_count)
   return pad_and_batch(ds, host_batch_size, steps).prefetch(tf.data.AUTOTUNE)
 
 
