@@ -25,6 +25,8 @@ class RunContext:
 class Trainer(Protocol):
   """One per workload x framework. The driver owns time and logging; a trainer owns tensors."""
   num_devices: int
+  data_replicas: int             # devices on the data axis (for model_bn_span)
+  mesh_description: str          # e.g. "data=4,spatial=2", for the result row
   device_kind: str
   train_examples: int            # one epoch
   eval_examples: int
@@ -39,7 +41,8 @@ class Trainer(Protocol):
     """The quality metric over the whole eval split: {'accuracy': float, 'count': int}."""
 
   def describe(self) -> dict:
-    """{'parameters': int, 'train_flops_per_example': float} from the compiled program."""
+    """{'parameters': int, 'train_flops_per_example': float, ...} from the compiled program
+    (the JAX trainer adds optimizer-state bytes per device and collectives by kind)."""
 
 
 @dataclasses.dataclass(frozen=True)
