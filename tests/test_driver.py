@@ -4,7 +4,6 @@ import json
 import math
 
 import pandas as pd
-import pytest
 
 from harness import compliance, driver
 from workloads.resnet import spec

@@ -20,7 +20,7 @@ from jax.sharding import PartitionSpec as P
 from workloads.optim import jax_optimizers, schedules
 from workloads.parallel import jax_runtime
 from workloads.parallel.jax_runtime import DATA
-from workloads.resnet import input_pipeline, jax_model
+from workloads.resnet import input_pipeline, jax_model, spec
 
 # tf.data only feeds the host here: keep TensorFlow off any GPU so JAX has all its memory.
 input_pipeline.tf.config.set_visible_devices([], "GPU")
@@ -104,14 +104,8 @@ class ResNetTrainer:
     return math.ceil(self.cfg.data.eval_batch_size / unit) * unit
 
   def _batch_shapes(self, batch_size, with_mask=False):
-    size = self.cfg.data.image_size
-    shapes = {"image": jax.ShapeDtypeStruct((batch_size, size, size, 3), jnp.float32),
-              "label": jax.ShapeDtypeStruct((batch_size,), jnp.int32)}
-    if with_mask:
-      shapes["mask"] = jax.ShapeDtypeStruct((batch_size,), jnp.float32)
-    return {k: jax.ShapeDtypeStruct(s.shape, s.dtype,
-                                    sharding=self.runtime.batch_sharding(len(s.shape)))
-            for k, s in shapes.items()}
+    return {k: jax.ShapeDtypeStruct(shape, dtype, sharding=self.runtime.batch_sharding(len(shape)))
+            for k, (shape, dtype) in spec.batch_layout(self.cfg, batch_size, with_mask).items()}
 
   def _create_state(self, rng):
     size = self.cfg.data.image_size

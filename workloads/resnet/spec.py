@@ -88,6 +88,16 @@ def mini() -> ResNetConfig:
                         target=0.90, precision="float32"))
 
 
+def batch_layout(cfg: ResNetConfig, batch_size: int, with_mask: bool = False) -> dict:
+  """{name: (shape, dtype)} of a batch as the input pipeline yields it; each framework turns
+  this into its own specs (jax.ShapeDtypeStruct, tf.TensorSpec) to compile before any data."""
+  size = cfg.data.image_size
+  layout = {"image": ((batch_size, size, size, 3), "float32"), "label": ((batch_size,), "int32")}
+  if with_mask:
+    layout["mask"] = ((batch_size,), "float32")
+  return layout
+
+
 def mllog_hyperparameters(cfg: ResNetConfig, train_examples: int) -> dict:
   """The optimizer keys the resnet compliance rules require (lars_* or sgd's opt_*)."""
   opt = cfg.optimizer

@@ -5,14 +5,13 @@ The train step is XLA-compiled (`train.jit_compile`), and `train(n)` runs n step
 tf.function (a tf.range loop over the dataset iterator), so Python dispatch is off the hot path
 and the host syncs once per call.
 """
-import math
 
 import numpy as np
 import tensorflow as tf
 import keras
 
 from workloads.optim import schedules, tf_optimizers
-from workloads.resnet import input_pipeline, tf_model
+from workloads.resnet import input_pipeline, spec, tf_model
 
 
 def cross_entropy(logits, labels, num_classes, label_smoothing):
@@ -74,19 +73,15 @@ class ResNetTrainer:
     return total / tf.cast(num_steps, tf.float32)
 
   def _batch_spec(self, batch_size, with_mask=False):
-    size = self.cfg.data.image_size
-    spec = {"image": tf.TensorSpec((batch_size, size, size, 3), tf.float32),
-            "label": tf.TensorSpec((batch_size,), tf.int32)}
-    if with_mask:
-      spec["mask"] = tf.TensorSpec((batch_size,), tf.float32)
-    return spec
+    return {k: tf.TensorSpec(shape, dtype)
+            for k, (shape, dtype) in spec.batch_layout(self.cfg, batch_size, with_mask).items()}
 
   def init(self):
     """Builds the model and optimizer, then traces and compiles the multi-step loop and the eval
     step by running them once on zeros (no dataset exists yet), and restores the initial state."""
     self.build()
     gbs, eval_bs = self.cfg.train.global_batch_size, self.cfg.data.eval_batch_size
-    zeros = lambda spec: {k: tf.zeros(s.shape, s.dtype) for k, s in spec.items()}
+    zeros = lambda specs: {k: tf.zeros(s.shape, s.dtype) for k, s in specs.items()}
     state = self.model.variables + self.optimizer.variables
     saved = [v.numpy() for v in state]
     dummy = iter(tf.data.Dataset.from_tensors(zeros(self._batch_spec(gbs))).repeat())
@@ -134,9 +129,9 @@ class ResNetTrainer:
                 self.cfg.train.global_batch_size)) / self.cfg.train.global_batch_size}
 
 
-def _graph_flops(function, spec):
+def _graph_flops(function, specs):
   """Floating-point ops of one traced train step (TF's graph profiler: what tf.function runs)."""
-  graph = function.get_concrete_function(spec).graph
+  graph = function.get_concrete_function(specs).graph
   opts = tf.compat.v1.profiler.ProfileOptionBuilder.float_operation()
   opts["output"] = "none"
   verbosity = tf.get_logger().level
