@@ -10,6 +10,10 @@ SHARED_RESULTS = os.path.join(os.path.dirname(ROOT), "shared", "mlperf_results",
 # In-process JAX tests see 8 simulated CPU devices (set before anything imports jax).
 USER_XLA_FLAGS = os.environ.get("XLA_FLAGS", "")
 os.environ["XLA_FLAGS"] = USER_XLA_FLAGS + " --xla_force_host_platform_device_count=8"
+# ... and TF ones 8 logical CPU devices (fixed before TensorFlow runs its first op).
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+from workloads.parallel import tf_runtime  # noqa: E402  pylint: disable=wrong-import-position
+tf_runtime.use_logical_cpus(8)
 
 
 def clean_env(**extra):

@@ -98,7 +98,8 @@ def _jax_loss_and_grads(flax_model, variables, batch):
 def _tf_loss_and_grads(keras_model, batch):
   with tf.GradientTape() as tape:
     logits = keras_model(batch["image"], training=True)
-    loss = tf_trainer.cross_entropy(logits, batch["label"], CLASSES, 0.1)
+    loss = tf_trainer.cross_entropy_sum(logits, batch["label"], CLASSES, 0.1) / len(
+        batch["label"])
   return loss, tape.gradient(loss, keras_model.trainable_variables)
 
 

@@ -48,32 +48,52 @@ class MLPerfMomentum(keras.optimizers.Optimizer):
     self.velocities = [self.add_variable_from_reference(v, "velocity") for v in var_list]
 
   def update_step(self, gradient, variable, learning_rate):
-    lr = ops.cast(learning_rate, variable.dtype)
-    g = ops.cast(gradient, variable.dtype)
     v = self.velocities[self._get_variable_index(variable)]
     decayed = self._use_weight_decay(variable)
-    if self.lars:
-      if decayed:
-        w_norm = ops.sqrt(ops.sum(ops.square(variable)))
-        g_norm = ops.sqrt(ops.sum(ops.square(g)))
-        ratio = self.eta * w_norm / (g_norm + self.decay * w_norm + self.epsilon)
-        trust = ops.where(ops.logical_and(w_norm > 0, g_norm > 0), ratio, ops.ones_like(ratio))
-        step = lr * trust * (g + self.decay * variable)
-      else:
-        step = lr * g
-      self.assign(v, self.momentum * v + step)
-      self.assign_sub(variable, v)
-    else:
-      if decayed:
-        g = g + self.decay * variable
-      self.assign(v, self.momentum * v + g)
-      self.assign_sub(variable, lr * v)
+    norm = lambda x: ops.sqrt(ops.sum(ops.square(x)))
+    new_w, new_v = momentum_update(
+        variable, ops.cast(gradient, variable.dtype), v, ops.cast(learning_rate, variable.dtype),
+        1.0 if decayed else 0.0, norm if decayed and self.lars else None, **self.hyper())
+    self.assign(v, new_v)
+    self.assign(variable, new_w)
+
+  def hyper(self):
+    return dict(decay=self.decay, momentum=self.momentum, lars=self.lars, eta=self.eta,
+                epsilon=self.epsilon)
+
+  def flat_update_rule(self):
+    """The same update on flat slices of many variables (weight-update sharding): `mask` says
+    which elements are decayed and `layer_norm` gives each element its whole layer's norm."""
+    hyper = self.hyper()
+
+    def rule(w, g, slots, lr, step, mask, layer_norm):
+      del step
+      new_w, new_v = momentum_update(w, g, slots["velocity"], lr, mask,
+                                     layer_norm if self.lars else None, **hyper)
+      return new_w, {"velocity": new_v}
+    return rule, ("velocity",)
 
   def get_config(self):
     config = super().get_config()
     config.update(decay=self.decay, momentum=self.momentum, lars=self.lars, eta=self.eta,
                   epsilon=self.epsilon)
     return config
+
+
+def momentum_update(w, g, v, lr, decayed, norm, *, decay, momentum, lars, eta, epsilon):
+  """One MLPerf LARS or SGD step -> (new w, new velocity). `decayed` is 1.0/0.0 (or a 0/1 mask
+  over the elements); `norm(x)` the L2 norm of a whole layer (None: no trust ratio needed)."""
+  if lars:
+    step = lr * g
+    if norm is not None:
+      w_norm, g_norm = norm(w), norm(g)
+      ratio = eta * w_norm / (g_norm + decay * w_norm + epsilon)
+      trust = ops.where(ops.logical_and(w_norm > 0, g_norm > 0), ratio, ops.ones_like(ratio))
+      step = decayed * (lr * trust * (g + decay * w)) + (1.0 - decayed) * step
+    new_v = momentum * v + step
+    return w - new_v, new_v
+  new_v = momentum * v + (g + decayed * decay * w)
+  return w - lr * new_v, new_v
 
 
 def make_optimizer(opt_cfg, schedule, decayed_variables, all_variables):

@@ -4,10 +4,18 @@ jax_model.py, so parameters convert one to one (see `load_flax_variables`).
 v1.5: the stride of a downsampling bottleneck sits on its 3x3 conv. Convs have no bias; 3x3 and
 7x7 convs pad symmetrically (ZeroPadding2D then VALID), as the MLPerf TF reference's
 `fixed_padding` does. At stage_sizes=(3, 4, 6, 3), width=64, 1000 classes: 25,557,032 params.
+
+Given a tf_runtime.StrategyRuntime with several replicas, batch norm pools statistics across
+replicas (groups of bn_group_size) and, under spatial partitioning, the model sees a slab of
+H/k image rows: every padding before a conv or pool whose window crosses a slab edge takes the
+neighbours' rows (halo exchange) and the global average pool sums over the slabs
+(workloads/parallel/tf_layers.py).
 """
 import numpy as np
 import keras
 from keras import layers
+
+from workloads.parallel import tf_layers
 
 # Flax's variance_scaling(2.0, 'fan_out', 'normal') is a truncated normal: Keras' equivalent.
 conv_init = keras.initializers.VarianceScaling(2.0, "fan_out", "truncated_normal")
@@ -19,23 +27,52 @@ def _conv(filters, kernel, strides=1, name=None, dtype=None):
                        kernel_initializer=conv_init, name=name, dtype=dtype)
 
 
-def _bn(name, zero_init=False, dtype=None):
-  return layers.BatchNormalization(momentum=0.9, epsilon=1e-5, name=name, dtype=dtype,
-                                   gamma_initializer="zeros" if zero_init else "ones")
+class _Layers:
+  """The layers that change when the model runs across replicas (see the module docstring)."""
+
+  def __init__(self, runtime, dtype):
+    self.runtime, self.dtype = runtime, dtype
+
+  def bn(self, name, zero_init=False):
+    kw = dict(momentum=0.9, epsilon=1e-5, name=name, dtype=self.dtype,
+              gamma_initializer="zeros" if zero_init else "ones")
+    if self.runtime is None:
+      return layers.BatchNormalization(**kw)
+    return tf_layers.CrossReplicaBatchNorm(self.runtime, **kw)
+
+  def pad(self, amount):
+    if self.runtime is None:
+      return layers.ZeroPadding2D(amount, dtype=self.dtype)
+    return tf_layers.HaloPad(self.runtime, (amount, amount), (amount, amount), dtype=self.dtype)
+
+  def max_pool(self, x, image_height):
+    """3x3/2 'same' max pool; across slabs: -inf padding of the global 'same' amounts."""
+    if self.runtime is None or self.runtime.spatial == 1:
+      return layers.MaxPooling2D(3, 2, padding="same", dtype=self.dtype)(x)
+    rows = tf_layers.same_padding(image_height, 3, 2)
+    cols = tf_layers.same_padding(x.shape[2], 3, 2)
+    x = tf_layers.HaloPad(self.runtime, rows, cols, value=float("-inf"), dtype=self.dtype)(x)
+    return layers.MaxPooling2D(3, 2, padding="valid", dtype=self.dtype)(x)
+
+  def global_pool(self, x):
+    if self.runtime is None or self.runtime.spatial == 1:
+      return layers.GlobalAveragePooling2D(dtype=self.dtype)(x)
+    return tf_layers.SpatialGlobalAveragePool(self.runtime, dtype=self.dtype)(x)
 
 
-def _bottleneck(x, filters, strides, prefix, dtype):
+def _bottleneck(x, filters, strides, prefix, lay):
+  dtype = lay.dtype
   residual = x
   y = _conv(filters, 1, name=f"{prefix}_conv0", dtype=dtype)(x)
-  y = layers.ReLU(dtype=dtype)(_bn(f"{prefix}_bn0", dtype=dtype)(y))
-  y = layers.ZeroPadding2D(1, dtype=dtype)(y)
+  y = layers.ReLU(dtype=dtype)(lay.bn(f"{prefix}_bn0")(y))
+  y = lay.pad(1)(y)
   y = _conv(filters, 3, strides, name=f"{prefix}_conv1", dtype=dtype)(y)
-  y = layers.ReLU(dtype=dtype)(_bn(f"{prefix}_bn1", dtype=dtype)(y))
+  y = layers.ReLU(dtype=dtype)(lay.bn(f"{prefix}_bn1")(y))
   y = _conv(filters * 4, 1, name=f"{prefix}_conv2", dtype=dtype)(y)
-  y = _bn(f"{prefix}_bn2", zero_init=True, dtype=dtype)(y)   # each block starts as identity
+  y = lay.bn(f"{prefix}_bn2", zero_init=True)(y)   # each block starts as identity
   if residual.shape[-1] != filters * 4 or strides != 1:
     residual = _conv(filters * 4, 1, strides, name=f"{prefix}_proj_conv", dtype=dtype)(residual)
-    residual = _bn(f"{prefix}_proj_bn", dtype=dtype)(residual)
+    residual = lay.bn(f"{prefix}_proj_bn")(residual)
   return layers.ReLU(dtype=dtype)(layers.Add(dtype=dtype)([residual, y]))
 
 
@@ -49,19 +86,28 @@ def block_names(stage_sizes):
   return names
 
 
-def resnet(stage_sizes, num_classes, width=64, image_size=224, dtype="float32"):
-  """dtype 'mixed_bfloat16' computes in bf16 with float32 variables, like the flax model."""
-  inputs = keras.Input((image_size, image_size, 3), dtype="float32")
-  x = layers.ZeroPadding2D(3, dtype=dtype)(inputs)
+def resnet(stage_sizes, num_classes, width=64, image_size=224, dtype="float32", runtime=None):
+  """dtype 'mixed_bfloat16' computes in bf16 with float32 variables, like the flax model.
+  `runtime`: a distributed tf_runtime.StrategyRuntime, or None for one replica."""
+  if runtime is not None and runtime.spatial > 1:
+    stride = 2 ** (len(stage_sizes) + 1)          # total downsampling: stem, pool, stages
+    if image_size % (stride * runtime.spatial):
+      raise ValueError(f"--spatial-partitions {runtime.spatial} with image size {image_size}: "
+                       f"TF splits every layer's rows evenly, so the size must be a multiple "
+                       f"of {stride * runtime.spatial}")
+  lay = _Layers(runtime, dtype)
+  rows = image_size // (runtime.spatial if runtime is not None else 1)
+  inputs = keras.Input((rows, image_size, 3), dtype="float32")
+  x = lay.pad(3)(inputs)
   x = _conv(width, 7, 2, name="stem_conv", dtype=dtype)(x)
-  x = layers.ReLU(dtype=dtype)(_bn("stem_bn", dtype=dtype)(x))
-  x = layers.MaxPooling2D(3, 2, padding="same", dtype=dtype)(x)
+  x = layers.ReLU(dtype=dtype)(lay.bn("stem_bn")(x))
+  x = lay.max_pool(x, image_size // 2)
   blocks = iter(block_names(stage_sizes))
   for stage, num_blocks in enumerate(stage_sizes):
     for block in range(num_blocks):
       strides = 2 if stage > 0 and block == 0 else 1
-      x = _bottleneck(x, width * 2**stage, strides, next(blocks)[0], dtype)
-  x = layers.GlobalAveragePooling2D(dtype=dtype)(x)
+      x = _bottleneck(x, width * 2**stage, strides, next(blocks)[0], lay)
+  x = lay.global_pool(x)
   x = layers.Dense(num_classes, kernel_initializer=dense_init, name="classifier", dtype=dtype)(x)
   outputs = layers.Activation("linear", dtype="float32")(x)       # logits in float32
   return keras.Model(inputs, outputs, name="resnet")

@@ -1,0 +1,84 @@
+"""Keras layers that run a convolutional model across replicas (tf_runtime.StrategyRuntime):
+cross-replica batch norm over groups of replicas, the spatial halo exchange, and the global
+average pool over a split image. With one replica each is the plain Keras computation.
+"""
+import keras
+import tensorflow as tf
+from keras import layers
+
+
+class CrossReplicaBatchNorm(layers.BatchNormalization):
+  """BatchNormalization whose training statistics pool `runtime.bn_group_size` consecutive
+  replicas (1: local, all: global, Keras' synchronized=True). Two passes (mean, then the mean
+  squared deviation), as Keras computes them on one device. The running statistics take the
+  mean over all replicas of the group statistics, so every replica keeps the same ones (as
+  the JAX runtime's pmean over groups)."""
+
+  def __init__(self, runtime, **kwargs):
+    super().__init__(**kwargs)
+    self.runtime = runtime
+
+  def call(self, inputs, training=None, mask=None):
+    rt = self.runtime
+    if not training or not rt.distributed:
+      return super().call(inputs, training=training, mask=mask)
+    x = tf.cast(inputs, tf.float32)
+    axes = list(range(x.shape.rank - 1))
+    group = rt.bn_group_size
+    count = rt.group_sum(tf.cast(tf.reduce_prod(tf.shape(x)[:-1]), tf.float32), group)
+    mean = rt.group_sum(tf.reduce_sum(x, axes), group) / count
+    variance = rt.group_sum(tf.reduce_sum(tf.square(x - mean), axes), group) / count
+    if group == rt.num_replicas:
+      run_mean, run_var = mean, variance
+    else:
+      both = rt.all_sum(tf.stack([mean, variance])) / rt.num_replicas
+      run_mean, run_var = tf.stop_gradient(both[0]), tf.stop_gradient(both[1])
+    m = self.momentum
+    self.moving_mean.assign(self.moving_mean * m + run_mean * (1.0 - m))
+    self.moving_variance.assign(self.moving_variance * m + run_var * (1.0 - m))
+    out = tf.nn.batch_normalization(x, mean, variance, self.beta, self.gamma, self.epsilon)
+    return tf.cast(out, self.compute_dtype)
+
+
+class HaloPad(layers.Layer):
+  """Pads NHWC by (top, bottom) rows and (left, right) columns with `value`; under spatial
+  partitioning the rows come from the neighbouring replicas' slabs (tf_runtime.halo_pad)."""
+
+  def __init__(self, runtime, rows, cols, value=0.0, **kwargs):
+    super().__init__(**kwargs)
+    self.runtime, self.rows, self.cols, self.value = runtime, rows, cols, value
+
+  def call(self, x):
+    return self.runtime.halo_pad(x, *self.rows, *self.cols, value=self.value)
+
+  def compute_output_shape(self, shape):
+    b, h, w, c = shape
+    return (b, h + sum(self.rows) if h is not None else None,
+            w + sum(self.cols) if w is not None else None, c)
+
+
+class SpatialGlobalAveragePool(layers.Layer):
+  """Mean over H and W of the whole image: the slab sums added over the spatial group."""
+
+  def __init__(self, runtime, **kwargs):
+    super().__init__(**kwargs)
+    self.runtime = runtime
+
+  def call(self, x):
+    rt = self.runtime
+    total = rt.group_sum(tf.reduce_sum(tf.cast(x, tf.float32), [1, 2]), rt.spatial)
+    mean = total / float(x.shape[1] * rt.spatial * x.shape[2])
+    return tf.cast(mean, self.compute_dtype)
+
+  def compute_output_shape(self, shape):
+    return (shape[0], shape[3])
+
+
+def same_padding(size, kernel, stride):
+  """TF 'SAME' padding (before, after) of one dimension."""
+  out = -(-size // stride)
+  total = max((out - 1) * stride + kernel - size, 0)
+  return total // 2, total - total // 2
+
+
+keras.saving.register_keras_serializable("harness")(CrossReplicaBatchNorm)

@@ -1,0 +1,270 @@
+"""The TensorFlow distributed runtime on tf.distribute (DESIGN §4), the twin of jax_runtime.py.
+
+Replicas are numbered r = d * spatial + j: d is the data-parallel index, j the row slab of the
+image the replica holds when spatial partitioning is on. One host: MirroredStrategy over the
+GPUs, or over N logical CPU devices (`--cpu-devices N`). Several hosts: MultiWorkerMirrored-
+Strategy with TF_CONFIG built from --coordinator/--num-processes/--process-id (worker i listens
+on the coordinator's port + i).
+
+Everything here runs in replica context inside the training tf.function and uses only the
+strategy's own collectives (ReplicaContext.all_reduce / all_gather), which carry gradients and
+work the same under MirroredStrategy and MultiWorkerMirroredStrategy:
+- grouped batch norm sums statistics over groups of k consecutive replicas (`group_sum`);
+- the spatial halo exchange fetches the neighbouring slabs' edge rows (`halo_pad`);
+- weight-update sharding keeps each replica's slice of the flattened optimizer state in
+  SyncOnRead variables (one different value per replica) — see `ShardedUpdate`.
+
+Sub-group collectives: tf.distribute has no API for a collective over a subset of replicas
+(raw CollectiveReduceV2 with per-group keys needs ordering tokens and hangs in eager; see
+PLATFORM_NOTES), so a group sum is one all-reduce of a [groups, ...] tensor in which each
+replica fills its group's row. It is exact; it moves groups x the bytes of a true sub-group
+all-reduce, which for batch-norm statistics (2 x channels floats) is small.
+"""
+import json
+import os
+
+import numpy as np
+import tensorflow as tf
+
+CPU_DEVICES_ENV = "HARNESS_CPU_DEVICES"      # set by the CLI's --cpu-devices for --framework tf
+SUM = tf.distribute.ReduceOp.SUM
+
+
+def use_logical_cpus(count):
+  """Splits the host CPU into `count` logical devices (must run before TF executes any op)."""
+  cpu = tf.config.list_physical_devices("CPU")[0]
+  current = tf.config.get_logical_device_configuration(cpu) or [None]
+  if count <= 1 or len(current) == count:
+    return
+  try:
+    tf.config.set_logical_device_configuration(
+        cpu, [tf.config.LogicalDeviceConfiguration()] * count)
+  except RuntimeError:
+    raise ValueError(f"--cpu-devices {count}: TensorFlow already started with "
+                     f"{len(current)} CPU device(s) in this process") from None
+
+
+def tf_config(parallel):
+  """TF_CONFIG for worker `process_id`: worker i at the coordinator's host, port + i."""
+  host, _, port = parallel.coordinator.rpartition(":")
+  workers = [f"{host}:{int(port) + i}" for i in range(parallel.num_processes)]
+  return {"cluster": {"worker": workers},
+          "task": {"type": "worker", "index": parallel.process_id}}
+
+
+class StrategyRuntime:
+  def __init__(self, parallel):
+    axes = parallel.axes()
+    self.parallel = parallel
+    self.process_index, self.process_count = parallel.process_id, parallel.num_processes
+    if parallel.num_processes > 1:
+      os.environ["TF_CONFIG"] = json.dumps(tf_config(parallel))
+      options = tf.distribute.experimental.CommunicationOptions(
+          timeout_seconds=parallel.heartbeat_timeout_s)
+      self.strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+      # A dead peer is noticed by the strategy's health check, which aborts the collectives
+      # (every heartbeat_timeout_s); the collective timeout above bounds any single wait.
+      self.strategy.extended._check_health_interval = parallel.heartbeat_timeout_s  # pylint: disable=protected-access
+      self.strategy.extended._check_health_timeout = parallel.heartbeat_timeout_s  # pylint: disable=protected-access
+      available = self.strategy.num_replicas_in_sync
+      devices = None
+    else:
+      use_logical_cpus(int(os.environ.get(CPU_DEVICES_ENV) or 0))
+      devices = [d.name for d in tf.config.list_logical_devices("GPU")
+                 or tf.config.list_logical_devices("CPU")]
+      available = len(devices)
+    spatial = axes["spatial"]
+    data = axes["data"] or available // spatial
+    if data < 1 or data * spatial > available or (devices is None and data * spatial != available):
+      raise ValueError(f"--mesh data={axes['data'] or data},spatial={spatial} needs "
+                       f"{max(data, 1) * spatial} devices; {available} available")
+    group = parallel.bn_group_size or data
+    if data % group:
+      raise ValueError(f"--bn-group-size {group} does not divide the data axis ({data})")
+    if spatial > 1 and group != data:
+      raise ValueError("--bn-group-size with --spatial-partitions > 1: grouped batch norm runs "
+                       "only without spatial partitioning")
+    self.num_replicas = data * spatial
+    if devices is not None:
+      self.strategy = (tf.distribute.MirroredStrategy(devices[:self.num_replicas])
+                       if self.num_replicas > 1 else tf.distribute.get_strategy())
+    self.local_replicas = self.num_replicas // self.process_count
+    if spatial > 1 and self.local_replicas % spatial:
+      raise ValueError(f"--spatial-partitions {spatial}: a spatial group must sit on one host "
+                       f"({self.local_replicas} replica(s) per host here)")
+    self.data, self.spatial = data, spatial
+    self.bn_group_size = group * spatial            # replicas pooling batch-norm statistics
+    self.weight_update_sharding = parallel.weight_update_sharding and self.num_replicas > 1
+    self.collective_calls = {}                      # per traced replica step, by kind
+
+  @property
+  def distributed(self):
+    return self.num_replicas > 1
+
+  @property
+  def description(self):
+    return f"data={self.data}" + (f",spatial={self.spatial}" if self.spatial > 1 else "")
+
+  # ------------------------------------------------------------------ replica-context collectives
+  def _count(self, kind):
+    self.collective_calls[kind] = self.collective_calls.get(kind, 0) + 1
+
+  @staticmethod
+  def replica_id():
+    return tf.distribute.get_replica_context().replica_id_in_sync_group
+
+  def spatial_index(self):
+    return self.replica_id() % self.spatial
+
+  def all_sum(self, x):
+    if not self.distributed:
+      return x
+    self._count("all_reduce")
+    return tf.distribute.get_replica_context().all_reduce(SUM, x)
+
+  def all_gather(self, x):
+    """[n, ...] per replica -> [replicas * n, ...], in replica order."""
+    if not self.distributed:
+      return x
+    self._count("all_gather")
+    return tf.distribute.get_replica_context().all_gather(x, axis=0)
+
+  def group_sum(self, x, group_size):
+    """Sum of x over the `group_size` consecutive replicas of this replica's group."""
+    if group_size == 1 or not self.distributed:
+      return x
+    if group_size == self.num_replicas:
+      return self.all_sum(x)
+    groups = self.num_replicas // group_size
+    slot = self.replica_id() // group_size
+    onehot = tf.reshape(tf.one_hot(slot, groups, dtype=x.dtype), [groups] + [1] * x.shape.rank)
+    return tf.gather(self.all_sum(onehot * x[None]), slot)
+
+  def halo_pad(self, x, top, bottom, left, right, value=0.0):
+    """Pads an NHWC row slab as if the whole image were padded: `top` rows from the slab above
+    and `bottom` rows from the slab below (`value` at the image's own edges); W padded with
+    `value`. Without spatial partitioning it is plain constant padding."""
+    x = tf.pad(x, [[0, 0], [0, 0], [left, right], [0, 0]], constant_values=value)
+    if self.spatial == 1:
+      return tf.pad(x, [[0, 0], [top, bottom], [0, 0], [0, 0]], constant_values=value)
+    rows = x.shape[1]
+    if max(top, bottom) > rows:
+      raise ValueError(f"--spatial-partitions {self.spatial}: a layer needs a halo of "
+                       f"{max(top, bottom)} rows from slabs of {rows}; use fewer partitions")
+    j, r = self.spatial_index(), self.replica_id()
+    parts = []
+    if top:            # the last `top` rows of replica r - 1
+      edges = self.all_gather(x[None, :, rows - top:])
+      above = tf.gather(edges, tf.maximum(r - 1, 0))
+      parts.append(tf.where(j > 0, above, tf.fill(tf.shape(above), tf.cast(value, x.dtype))))
+    parts.append(x)
+    if bottom > 0:     # the first `bottom` rows of replica r + 1
+      edges = self.all_gather(x[None, :, :bottom])
+      below = tf.gather(edges, tf.minimum(r + 1, self.num_replicas - 1))
+      last = j < self.spatial - 1
+      parts.append(tf.where(last, below, tf.fill(tf.shape(below), tf.cast(value, x.dtype))))
+    elif bottom < 0:   # the window never reaches the last rows (e.g. a strided 1x1 conv)
+      parts[-1] = x[:, :rows + bottom]
+    return tf.concat(parts, axis=1)
+
+  # ------------------------------------------------------------------ input
+  def distribute(self, dataset_fn, global_batch_size):
+    """A distributed dataset from `dataset_fn(process_index, process_count)`, which yields this
+    host's slice of each global batch; each replica gets its consecutive per-replica slice (its
+    row slab of it under spatial partitioning)."""
+    if not self.distributed:
+      return dataset_fn(self.process_index, self.process_count)
+    per_replica = global_batch_size // self.data
+    return self.strategy.distribute_datasets_from_function(
+        lambda ctx: self._per_replica(dataset_fn(ctx.input_pipeline_id,
+                                                 ctx.num_input_pipelines), per_replica))
+
+  def _per_replica(self, dataset, per_replica):
+    local, k = self.local_replicas, self.spatial
+    if k == 1:
+      return dataset.rebatch(per_replica)
+
+    def slabs(batch):                       # host batch -> `local` (data shard, row slab) parts
+      out = {}
+      for key, x in batch.items():
+        shards = tf.reshape(x, [local // k, per_replica] + x.shape[1:].as_list())
+        if x.shape.rank == 4:               # NHWC: split H into k slabs, slab-major per shard
+          b, h, w, c = shards.shape[1:]
+          shards = tf.reshape(shards, [local // k, b, k, h // k, w, c])
+          shards = tf.transpose(shards, [0, 2, 1, 3, 4, 5])
+        else:
+          shards = tf.repeat(shards[:, None], k, axis=1)
+        out[key] = tf.reshape(shards, [local] + shards.shape[2:].as_list())
+      return tf.data.Dataset.from_tensor_slices(out)
+    return dataset.flat_map(slabs)
+
+
+class ShardedUpdate:
+  """Weight-update sharding (ZeRO-1, "automatic cross-replica sharding of weight update"):
+  the trainable variables are flattened into one vector padded to a multiple of the replica
+  count; replica r owns elements [r*S, (r+1)*S) and keeps only that slice of the optimizer
+  state. Per step: gradients summed over replicas, each replica keeps its slice (on CPU, TF
+  has no reduce-scatter kernel, so this is an all-reduce followed by a slice); the update
+  rule runs on the slice with per-layer norms (LARS/LAMB trust ratios) summed over replicas;
+  the updated slices are all-gathered and written back into every replica's weights.
+
+  `rule` is an optimizer's flat update (tf_optimizers.flat_update_rule): it gets the slices
+  and a `layer_norm(x)` giving each element its whole layer's L2 norm.
+  """
+
+  def __init__(self, runtime, variables, decayed, rule, slot_names, schedule):
+    self.runtime, self.variables, self.rule, self.schedule = runtime, variables, rule, schedule
+    n = runtime.num_replicas
+    sizes = [int(np.prod(v.shape)) for v in variables]
+    self.total = sum(sizes)
+    self.shard = -(-self.total // n)
+    padded = self.shard * n
+    layer = np.repeat(np.arange(len(variables)), sizes)
+    self.num_layers = len(variables) + 1                 # the padding is its own "layer"
+    self.layer_ids = tf.constant(np.pad(layer, (0, padded - self.total),
+                                        constant_values=len(variables)), tf.int32)
+    decayed_ids = {id(v) for v in decayed}
+    mask = np.repeat([float(id(v) in decayed_ids) for v in variables], sizes)
+    self.decay_mask = tf.constant(np.pad(mask, (0, padded - self.total)), tf.float32)
+    on_read = dict(synchronization=tf.VariableSynchronization.ON_READ,
+                   aggregation=tf.VariableAggregation.SUM, trainable=False)
+    with runtime.strategy.scope():
+      self.slots = {name: tf.Variable(tf.zeros([self.shard]), name=f"wus_{name}", **on_read)
+                    for name in slot_names}
+      self.iterations = tf.Variable(0, dtype=tf.int64, trainable=False, name="wus_iterations",
+                                    aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+
+  def _flat(self, tensors):
+    flat = tf.concat([tf.reshape(tf.cast(t, tf.float32), [-1]) for t in tensors], 0)
+    return tf.pad(flat, [[0, self.shard * self.runtime.num_replicas - self.total]])
+
+  def _slice(self, flat):
+    return tf.slice(flat, [self.runtime.replica_id() * self.shard], [self.shard])
+
+  def apply(self, grads):
+    """In replica context: grads are this replica's (loss already scaled by the global batch)."""
+    rt = self.runtime
+    g = self._slice(rt.all_sum(self._flat(grads)))
+    w = self._slice(self._flat(self.variables))
+    ids, mask = self._slice(self.layer_ids), self._slice(self.decay_mask)
+
+    def layer_norm(x):
+      sums = rt.all_sum(tf.math.unsorted_segment_sum(tf.square(x), ids, self.num_layers))
+      return tf.gather(tf.sqrt(sums), ids)
+
+    step = self.iterations + 1
+    lr = tf.cast(self.schedule(self.iterations), tf.float32)
+    slots = {name: var.read_value() for name, var in self.slots.items()}
+    new_w, new_slots = self.rule(w, g, slots, lr, step, mask, layer_norm)
+    for name, value in new_slots.items():
+      self.slots[name].assign(value)
+    self.iterations.assign(step)
+    full = rt.all_gather(new_w)[:self.total]
+    offset = 0
+    for var in self.variables:
+      size = int(np.prod(var.shape))
+      var.assign(tf.reshape(full[offset:offset + size], var.shape))
+      offset += size
+
+  def state_bytes_per_replica(self):
+    return 4 * self.shard * len(self.slots)
