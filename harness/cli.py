@@ -54,7 +54,8 @@ def _add_workload_args(p, with_framework=True):
   p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                  help="override a config value, e.g. train.global_batch_size=128 (repeatable)")
   p.add_argument("--cpu-devices", type=_positive_int, metavar="N",
-                 help="simulate N devices on a CPU host")
+                 help="simulate N devices on a CPU host (JAX: XLA host devices; TF: logical "
+                      "CPU devices)")
   g = p.add_argument_group("distribution (config keys parallel.*)")
   g.add_argument("--mesh", metavar="AXES", help="mesh axis sizes, e.g. data=8 or "
                  "data=4,spatial=2 (default: all devices on data)")
@@ -137,9 +138,8 @@ def _check_mesh_fits_cpu_devices(parallel, cpu_devices):
 
 def _prepare_devices(framework, cpu_devices):
   """Must run before the framework is imported: simulated CPU devices are fixed at import."""
-  if framework == "tf" and cpu_devices and cpu_devices > 1:
-    raise UsageError(f"--cpu-devices {cpu_devices} with --framework tf: the TF trainer runs on "
-                     "one device until its tf.distribute runtime lands; allowed: 1")
+  if cpu_devices and framework == "tf":             # read by workloads/parallel/tf_runtime.py
+    os.environ["HARNESS_CPU_DEVICES"] = str(cpu_devices)
   if cpu_devices and framework == "jax":
     flags = os.environ.get("XLA_FLAGS", "")
     os.environ["XLA_FLAGS"] = (flags + f" --xla_force_host_platform_device_count={cpu_devices}")
@@ -194,8 +194,9 @@ def cmd_run(args):
                      "initial weights); allowed: the same integer on every process")
   _check_mesh_fits_cpu_devices(cfg.parallel, args.cpu_devices)
   _prepare_devices(args.framework, args.cpu_devices)
-  opts = driver.RunOptions(primary=cfg.parallel.process_id == 0,framework=args.framework, preset=args.preset, runs=args.runs,
-                           seed=args.seed, steps=args.steps, data_dir=args.data_dir,
+  opts = driver.RunOptions(primary=cfg.parallel.process_id == 0, framework=args.framework,
+                           preset=args.preset, runs=args.runs, seed=args.seed,
+                           steps=args.steps, data_dir=args.data_dir,
                            results_path=args.results, log_dir=args.log_dir, system=args.system,
                            echo_log=args.echo_log)
   from harness.workload import RunContext

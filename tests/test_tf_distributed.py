@@ -1,12 +1,13 @@
 """The TF distributed runtime (tf.distribute) on 8 logical CPU devices: each feature against
 the single-replica run (or a hand-computed reference), over several optimizer steps."""
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
 from harness import config
 from harness.workload import RunContext
-from workloads.resnet import spec
+from workloads.resnet import input_pipeline, spec
 
 
 def tiny_config(image_size=16, **parallel):
@@ -42,12 +43,73 @@ def assert_weights_close(a, b, rtol=1e-5, atol=1e-6):
 
 @pytest.fixture(scope="module")
 def single_replica():
-  return weights_of(trained(mesh="data=1"))
+  return trained(mesh="data=1")
+
+
+@pytest.fixture(scope="module")
+def data_parallel():
+  return trained(mesh="data=8")
 
 
 def test_eight_logical_devices():
   assert len(tf.config.list_logical_devices("CPU")) == 8
 
 
-def test_data_parallel_matches_one_replica(single_replica):
-  assert_weights_close(weights_of(trained(mesh="data=8")), single_replica)
+def test_data_parallel_global_bn_matches_one_replica(single_replica, data_parallel):
+  assert data_parallel.num_devices == 8 and data_parallel.runtime.bn_group_size == 8
+  assert_weights_close(weights_of(data_parallel), weights_of(single_replica))
+  mirrored = data_parallel.model.get_layer("stem_bn").moving_mean.value
+  replicas = [v.numpy() for v in mirrored.values]       # every replica keeps the same stats
+  assert len(replicas) == 8 and all(np.array_equal(r, replicas[0]) for r in replicas)
+
+
+def test_distributed_eval_counts_every_example_once(single_replica, data_parallel):
+  result = data_parallel.evaluate()
+  assert result["count"] == 40                     # 40 examples in padded batches of 16
+  assert result["accuracy"] == pytest.approx(single_replica.evaluate()["accuracy"])
+
+
+def test_weight_update_sharding_matches_unsharded_and_cuts_state_8x(single_replica,
+                                                                   data_parallel):
+  sharded = trained(mesh="data=8", weight_update_sharding=True)
+  assert_weights_close(weights_of(sharded), weights_of(single_replica))
+  ratio = (sharded.describe()["optimizer_state_bytes_per_device"]
+           / data_parallel.describe()["optimizer_state_bytes_per_device"])
+  assert abs(ratio - 1 / 8) < 0.01 / 8, ratio
+  slot = sharded.sharded.slots["velocity"]
+  assert [v.shape[0] for v in slot.values] == [sharded.sharded.shard] * 8
+  assert not np.array_equal(slot.values[0].numpy(), slot.values[1].numpy())  # own slices
+
+
+def test_grouped_bn_matches_a_hand_computed_reference():
+  """Groups of 2 replicas x 2 examples: batch norm over each group of 4 examples, gradients
+  summed over the 4 groups, running statistics averaged over them, LARS steps: computed here
+  on one replica, group by group."""
+  grouped = trained(steps=3, mesh="data=8", bn_group_size=2)
+  ref = trained(steps=0, mesh="data=1")
+  batches = input_pipeline.train_dataset(ref.cfg, 16, seed=0).as_numpy_iterator()
+  bns = [l for l in ref.model.layers if isinstance(l, keras.layers.BatchNormalization)]
+  loss_and_grads = tf.function(ref._loss_and_grads)      # one trace for the 12 group steps
+  for _ in range(3):
+    batch = next(batches)
+    old = [(l.moving_mean.numpy(), l.moving_variance.numpy()) for l in bns]
+    grads, new = None, []
+    for i in range(4):
+      for layer, (mean, var) in zip(bns, old):
+        layer.moving_mean.assign(mean)
+        layer.moving_variance.assign(var)
+      _, g = loss_and_grads({k: v[i * 4:(i + 1) * 4] for k, v in batch.items()})
+      grads = g if grads is None else [a + b for a, b in zip(grads, g)]
+      new.append([(l.moving_mean.numpy(), l.moving_variance.numpy()) for l in bns])
+    for j, layer in enumerate(bns):
+      layer.moving_mean.assign(np.mean([n[j][0] for n in new], axis=0))
+      layer.moving_variance.assign(np.mean([n[j][1] for n in new], axis=0))
+    ref.optimizer.apply(grads, ref.model.trainable_variables)
+  assert_weights_close(weights_of(grouped), weights_of(ref))
+
+
+def test_spatial_partitioning_matches_one_replica(single_replica):
+  spatial = trained(mesh="data=4,spatial=2")
+  assert spatial.num_devices == 8 and spatial.model.input_shape[1] == 8   # 16 rows in 2 slabs
+  assert_weights_close(weights_of(spatial), weights_of(single_replica), rtol=2e-5)
+  assert spatial.runtime.collective_calls["all_gather"] > 0               # the halo exchange

@@ -11,6 +11,7 @@ strategy's own collectives (ReplicaContext.all_reduce / all_gather), which carry
 work the same under MirroredStrategy and MultiWorkerMirroredStrategy:
 - grouped batch norm sums statistics over groups of k consecutive replicas (`group_sum`);
 - the spatial halo exchange fetches the neighbouring slabs' edge rows (`halo_pad`);
+- gathers are all-reduces of zero-padded slots (`all_gather` says why);
 - weight-update sharding keeps each replica's slice of the flattened optimizer state in
   SyncOnRead variables (one different value per replica) — see `ShardedUpdate`.
 
@@ -52,6 +53,18 @@ def tf_config(parallel):
           "task": {"type": "worker", "index": parallel.process_id}}
 
 
+_MIRRORED = {}
+
+
+def _mirrored_strategy(devices):
+  """One MirroredStrategy per device set and process: two strategies over the same devices
+  draw the same collective group and instance keys, and the collective executor then matches
+  one strategy's op with the other's ("shape mismatch in the collective instance")."""
+  if devices not in _MIRRORED:
+    _MIRRORED[devices] = tf.distribute.MirroredStrategy(list(devices))
+  return _MIRRORED[devices]
+
+
 class StrategyRuntime:
   def __init__(self, parallel):
     axes = parallel.axes()
@@ -86,7 +99,7 @@ class StrategyRuntime:
                        "only without spatial partitioning")
     self.num_replicas = data * spatial
     if devices is not None:
-      self.strategy = (tf.distribute.MirroredStrategy(devices[:self.num_replicas])
+      self.strategy = (_mirrored_strategy(tuple(devices[:self.num_replicas]))
                        if self.num_replicas > 1 else tf.distribute.get_strategy())
     self.local_replicas = self.num_replicas // self.process_count
     if spatial > 1 and self.local_replicas % spatial:
@@ -123,11 +136,18 @@ class StrategyRuntime:
     return tf.distribute.get_replica_context().all_reduce(SUM, x)
 
   def all_gather(self, x):
-    """[n, ...] per replica -> [replicas * n, ...], in replica order."""
+    """[n, ...] per replica -> [replicas * n, ...], in replica order. Built on all_reduce (each
+    replica fills its own slot of a zero tensor): MirroredStrategy's all_gather launches its
+    collectives from the replica threads, whose instance keys can differ between replicas
+    when several gathers are traced in one step ("shape mismatch in the collective
+    instance"); all_reduce goes through merge_call, which orders them."""
     if not self.distributed:
       return x
     self._count("all_gather")
-    return tf.distribute.get_replica_context().all_gather(x, axis=0)
+    n = self.num_replicas
+    onehot = tf.reshape(tf.one_hot(self.replica_id(), n, dtype=x.dtype), [n] + [1] * x.shape.rank)
+    gathered = tf.distribute.get_replica_context().all_reduce(SUM, onehot * x[None])
+    return tf.reshape(gathered, [n * x.shape[0]] + x.shape[1:].as_list())
 
   def group_sum(self, x, group_size):
     """Sum of x over the `group_size` consecutive replicas of this replica's group."""

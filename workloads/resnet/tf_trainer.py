@@ -64,7 +64,7 @@ class ResNetTrainer:
       if rt.weight_update_sharding:
         rule, slots = self.optimizer.flat_update_rule()
         self.sharded = tf_runtime.ShardedUpdate(rt, self.model.trainable_variables, decayed,
-                                                rule, slots, self.optimizer.learning_rate)
+                                                rule, slots, tf_optimizers.WarmupPoly(self.schedule))
       else:
         self.optimizer.build(self.model.trainable_variables)
     jit = cfg.train.jit_compile and not rt.distributed
@@ -132,8 +132,8 @@ class ResNetTrainer:
     """Every per-device value of the training state (replicas of mirrored variables included)."""
     state = self.model.variables + (self.optimizer.variables if self.sharded is None else
                                     list(self.sharded.slots.values()) + [self.sharded.iterations])
-    return [c for v in state for c in self.strategy.experimental_local_results(
-        getattr(v, "value", v))]
+    state = [v.value if isinstance(v, keras.Variable) else v for v in state]
+    return [c for v in state for c in self.strategy.experimental_local_results(v)]
 
   def init(self):
     """Builds the model and optimizer, then traces and compiles the multi-step loop and the eval
@@ -197,8 +197,8 @@ class ResNetTrainer:
       out["train_flops_per_example"] = _graph_flops(self._step, self._batch_spec(gbs)) / gbs
     out["optimizer_state_bytes_per_device"] = (
         self.sharded.state_bytes_per_replica() if self.sharded is not None else
-        int(sum(np.prod(v.shape) * v.dtype.size for v in self.optimizer.variables
-                if v is not self.optimizer.iterations and "iteration" not in v.path)))
+        int(sum(np.prod(v.shape) * np.dtype(v.dtype).itemsize for v in self.optimizer.variables
+                if v is not self.optimizer.iterations)))
     if self.runtime.collective_calls:
       out["collectives_in_train_step"] = dict(self.runtime.collective_calls)
     return out
