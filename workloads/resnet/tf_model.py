@@ -18,13 +18,15 @@ from keras import layers
 from workloads.parallel import tf_layers
 
 # Flax's variance_scaling(2.0, 'fan_out', 'normal') is a truncated normal: Keras' equivalent.
-conv_init = keras.initializers.VarianceScaling(2.0, "fan_out", "truncated_normal")
-dense_init = keras.initializers.RandomNormal(stddev=0.01)
+# Built per layer, after keras.utils.set_random_seed: an initializer made without a seed draws
+# its own seed when constructed, so one made at import would differ from process to process.
+conv_init = lambda: keras.initializers.VarianceScaling(2.0, "fan_out", "truncated_normal")
+dense_init = lambda: keras.initializers.RandomNormal(stddev=0.01)
 
 
 def _conv(filters, kernel, strides=1, name=None, dtype=None):
   return layers.Conv2D(filters, kernel, strides=strides, padding="valid", use_bias=False,
-                       kernel_initializer=conv_init, name=name, dtype=dtype)
+                       kernel_initializer=conv_init(), name=name, dtype=dtype)
 
 
 class _Layers:
@@ -108,7 +110,7 @@ def resnet(stage_sizes, num_classes, width=64, image_size=224, dtype="float32", 
       strides = 2 if stage > 0 and block == 0 else 1
       x = _bottleneck(x, width * 2**stage, strides, next(blocks)[0], lay)
   x = lay.global_pool(x)
-  x = layers.Dense(num_classes, kernel_initializer=dense_init, name="classifier", dtype=dtype)(x)
+  x = layers.Dense(num_classes, kernel_initializer=dense_init(), name="classifier", dtype=dtype)(x)
   outputs = layers.Activation("linear", dtype="float32")(x)       # logits in float32
   return keras.Model(inputs, outputs, name="resnet")
 

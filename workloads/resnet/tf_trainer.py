@@ -52,12 +52,13 @@ class ResNetTrainer:
   def build(self):
     """The model and optimizer, without compiling the steps (parity tests use this)."""
     cfg, rt = self.cfg, self.runtime
+    dtype = "mixed_bfloat16" if cfg.train.precision == "bfloat16" else "float32"
+    make_model = lambda runtime: tf_model.resnet(
+        cfg.model.stage_sizes, cfg.model.num_classes, cfg.model.width, cfg.data.image_size,
+        dtype=dtype, runtime=runtime)
     with self.strategy.scope():
       keras.utils.set_random_seed(self.ctx.seed)
-      dtype = "mixed_bfloat16" if cfg.train.precision == "bfloat16" else "float32"
-      self.model = tf_model.resnet(cfg.model.stage_sizes, cfg.model.num_classes, cfg.model.width,
-                                   cfg.data.image_size, dtype=dtype,
-                                   runtime=rt if rt.distributed else None)
+      self.model = make_model(rt if rt.distributed else None)
       decayed = tf_model.decayed_variables(self.model)
       self.optimizer = tf_optimizers.make_optimizer(
           cfg.optimizer, self.schedule, decayed, self.model.trainable_variables)
