@@ -72,13 +72,14 @@ class StrategyRuntime:
     self.process_index, self.process_count = parallel.process_id, parallel.num_processes
     if parallel.num_processes > 1:
       os.environ["TF_CONFIG"] = json.dumps(tf_config(parallel))
-      options = tf.distribute.experimental.CommunicationOptions(
-          timeout_seconds=parallel.heartbeat_timeout_s)
-      self.strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
-      # A dead peer is noticed by the strategy's health check, which aborts the collectives
-      # (every heartbeat_timeout_s); the collective timeout above bounds any single wait.
-      self.strategy.extended._check_health_interval = parallel.heartbeat_timeout_s  # pylint: disable=protected-access
-      self.strategy.extended._check_health_timeout = parallel.heartbeat_timeout_s  # pylint: disable=protected-access
+      self.strategy = tf.distribute.MultiWorkerMirroredStrategy()
+      # A dead peer is found by the strategy's health check (a ping to every worker each
+      # heartbeat_timeout_s), which aborts the pending collectives with an error. A per-op
+      # collective timeout would not do: workers legitimately wait on each other for as long
+      # as one of them spends tracing or compiling.
+      extended = self.strategy.extended
+      extended._check_health_interval = parallel.heartbeat_timeout_s  # pylint: disable=protected-access
+      extended._check_health_timeout = parallel.heartbeat_timeout_s  # pylint: disable=protected-access
       available = self.strategy.num_replicas_in_sync
       devices = None
     else:
