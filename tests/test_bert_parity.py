@@ -123,6 +123,17 @@ def test_logits_agree(models):
   assert rel_err(tf_mlm, jax_mlm) < 1e-5 and rel_err(tf_nsp, jax_nsp) < 1e-5
 
 
+def test_bfloat16_compute_stays_close_to_float32(models):
+  flax_model, params, keras_model, batch = models
+  jax_bf16 = jax_model.from_config(TINY, jnp.bfloat16)
+  tf_bf16 = tf_model.build(TINY, SEQ, PREDS, dtype="mixed_bfloat16")
+  tf_model.load_flax_variables(tf_bf16, params)
+  reference = np.asarray(jax_apply(flax_model, params, batch)[0])
+  for mlm in (jax_apply(jax_bf16, params, batch)[0], tf_bf16(batch)[0]):
+    assert mlm.dtype == np.float32 and 1e-4 < rel_err(mlm, reference) < 0.05
+  assert tf_bf16.encoder[0].query.kernel.dtype == "float32"       # parameters stay float32
+
+
 def test_padded_positions_do_not_change_unpadded_outputs(models):
   flax_model, params, keras_model, batch = models
   other = dict(batch)

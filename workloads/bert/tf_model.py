@@ -32,7 +32,7 @@ class TransformerLayer(layers.Layer):
     self.intermediate = dense(intermediate_size, "intermediate")
     self.output_dense = dense(hidden_size, "output")
     self.output_LayerNorm = norm("output_LayerNorm")
-    self.dropout = layers.Dropout(dropout)
+    self.dropout = layers.Dropout(dropout, dtype=self.dtype_policy)
 
   def sublayers(self):
     """{flax module name: keras layer}."""
@@ -47,7 +47,9 @@ class TransformerLayer(layers.Layer):
     split = lambda t: ops.reshape(t, (batch, seq, self.num_heads, head_dim))
     q, k, v = split(self.query(x)), split(self.key(x)), split(self.value(x))
     scores = ops.einsum("bqhd,bkhd->bhqk", q, k) / ops.cast(ops.sqrt(head_dim * 1.0), q.dtype)
-    scores = ops.cast(scores, "float32") + attention_adder[:, None, None, :]
+    # Keras casts float call arguments to the compute dtype (bf16 under mixed precision); the
+    # adder is 0 or -10000, for which bf16 is exact enough (exp underflows to 0 either way)
+    scores = ops.cast(scores, "float32") + ops.cast(attention_adder, "float32")[:, None, None, :]
     probs = ops.cast(self.dropout(ops.softmax(scores, axis=-1), training=training), v.dtype)
     context = ops.reshape(ops.einsum("bhqk,bkhd->bqhd", probs, v),
                           (batch, seq, self.hidden_size))
@@ -77,7 +79,7 @@ class BertPretraining(keras.Model):
     for table in (self.word_embeddings, self.position_embeddings, self.token_type_embeddings):
       table.build((None,))              # the tables are read directly below (tied, sliced)
     self.embeddings_LayerNorm = norm("embeddings_LayerNorm")
-    self.dropout = layers.Dropout(c.dropout)
+    self.dropout = layers.Dropout(c.dropout, dtype=self.dtype_policy)
     self.encoder = [TransformerLayer(c.hidden_size, c.num_heads, c.intermediate_size, c.dropout,
                                      init, name=f"layer_{i}", dtype=self.dtype_policy)
                     for i in range(c.num_layers)]
@@ -91,8 +93,10 @@ class BertPretraining(keras.Model):
   def call(self, batch, training=False):
     input_ids, segment_ids = batch["input_ids"], batch["segment_ids"]
     seq = ops.shape(input_ids)[1]
+    # Reading a float32 variable inside a mixed_bfloat16 call autocasts it to bfloat16: sum
+    # the embeddings in float32 (as the flax model does) by casting explicitly.
     x = (self.word_embeddings(input_ids)
-         + self.position_embeddings.embeddings[None, :seq]
+         + ops.cast(self.position_embeddings.embeddings, "float32")[None, :seq]
          + self.token_type_embeddings(segment_ids))
     x = self.dropout(self.embeddings_LayerNorm(x), training=training)
     adder = (1.0 - ops.cast(batch["input_mask"], "float32")) * MASK_ADDER
@@ -103,7 +107,7 @@ class BertPretraining(keras.Model):
     picked = self.mlm_LayerNorm(gelu(self.mlm_transform(picked)))
     table = ops.cast(self.word_embeddings.embeddings, picked.dtype)
     mlm_logits = ops.matmul(picked, ops.transpose(table))
-    mlm_logits = ops.cast(mlm_logits, "float32") + self.mlm_output_bias
+    mlm_logits = ops.cast(mlm_logits, "float32") + ops.cast(self.mlm_output_bias, "float32")
     return mlm_logits, ops.cast(nsp_logits, "float32")
 
   # ------------------------------------------------------------------ by flax path
