@@ -84,7 +84,8 @@ def build_parser():
                                            "default: random per run")
   p.add_argument("--steps", type=_positive_int,
                  help="cap on training steps (the step count of a synthetic run)")
-  p.add_argument("--data-dir", help="tensorflow-datasets data dir (reference preset)")
+  p.add_argument("--data-dir", help="dataset folder for the reference preset (per workload: "
+                      "tensorflow-datasets dir for resnet50, MLPerf TFRecords for bert)")
   p.add_argument("--results", default="results/results.csv", help="result CSV to append to")
   p.add_argument("--log-dir", default="logs", help="folder for the MLPerf logs")
   p.add_argument("--system", default="", help="system name in the result rows "
@@ -173,11 +174,11 @@ def _check_data_dir(spec, args):
   if args.preset not in spec.needs_data_dir:
     return
   if not args.data_dir:
-    raise UsageError(f"--data-dir is required for --preset {args.preset}; allowed: a "
-                     "tensorflow-datasets data dir holding imagenet2012")
+    raise UsageError(f"--data-dir is required for --preset {args.preset}; allowed: "
+                     f"{spec.data_dir_contents}")
   if not os.path.isdir(args.data_dir) or not os.listdir(args.data_dir):
-    raise UsageError(f"--data-dir {args.data_dir!r} is missing or empty; allowed: a "
-                     "tensorflow-datasets data dir holding the prepared dataset")
+    raise UsageError(f"--data-dir {args.data_dir!r} is missing or empty; allowed: "
+                     f"{spec.data_dir_contents}")
 
 
 def cmd_run(args):
@@ -234,6 +235,8 @@ def cmd_describe(args):
   small = copy.deepcopy(cfg)
   small.train.global_batch_size = args.cpu_devices or min(gbs, 8)   # divisible by 1, 2, 4, 8
   small.data.eval_batch_size = small.train.global_batch_size
+  if hasattr(small.data, "init_checkpoint"):        # describe builds the model, reads no data
+    small.data.init_checkpoint = ""
   try:
     trainer = spec.make_trainer(args.framework, small, RunContext(seed=0, preset=args.preset))
   except ValueError as e:
@@ -246,12 +249,13 @@ def cmd_describe(args):
   print(f"parameters:               {info['parameters']:,}")
   print(f"train FLOPs per example:  {info['train_flops_per_example']:.4g}")
   print(f"global batch size:        {gbs}")
-  print(f"optimizer:                {opt.name} (base lr {opt.base_learning_rate}, warmup "
-        f"{opt.warmup_epochs} epochs, weight decay {opt.weight_decay}, momentum "
-        f"{opt.momentum})")
+  print(f"optimizer:                {opt.summary()}")
   print(f"precision:                {cfg.train.precision}")
-  print(f"target:                   {spec.metric_name} >= {cfg.train.target} "
-        f"(eval every {cfg.train.eval_every_epochs} epochs, budget {cfg.train.max_epochs})")
+  train = cfg.train
+  cadence = (f"eval every {train.eval_every_samples} samples, budget {train.max_samples} samples"
+             if train.eval_every_samples else
+             f"eval every {train.eval_every_epochs} epochs, budget {train.max_epochs}")
+  print(f"target:                   {spec.metric_name} >= {train.target} ({cadence})")
   print(f"mesh:                     {trainer.mesh_description}")
   if "optimizer_state_bytes_per_device" in info:
     print(f"optimizer state / device: {info['optimizer_state_bytes_per_device']:,} bytes")

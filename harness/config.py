@@ -27,11 +27,21 @@ class TrainConfig:
   synthetic_steps: int = 100          # steps of a synthetic (throughput-only) run
   steps_per_loop: int = 0             # 0: one loop per eval block; >0: progress every N steps
   jit_compile: bool = True            # TF: XLA-compile the steps (JAX always compiles)
+  # Sample-based cadence (MLPerf BERT): when eval_every_samples > 0 the driver evaluates every
+  # that many training samples (rounded up to whole batches), logs epoch_num = samples trained,
+  # and max_samples replaces max_epochs as the budget.
+  eval_every_samples: int = 0
+  max_samples: int = 0
 
   def validate(self):
     _positive(self, "global_batch_size", "max_epochs", "eval_every_epochs", "synthetic_steps")
     _check_range("train.eval_offset_epochs", self.eval_offset_epochs, 0, self.eval_every_epochs - 1)
     _check_range("train.steps_per_loop", self.steps_per_loop, 0, None)
+    _check_range("train.eval_every_samples", self.eval_every_samples, 0, None)
+    _check_range("train.max_samples", self.max_samples, 0, None)
+    if self.eval_every_samples and not self.max_samples:
+      raise UsageError(f"train.eval_every_samples={self.eval_every_samples} needs a sample "
+                       "budget; allowed: train.max_samples > 0")
     _check_choice("train.precision", self.precision, PRECISIONS)
     if not 0.0 < self.target < 1.0:
       raise UsageError(f"train.target={self.target!r} is out of range; allowed: 0 < target < 1")
@@ -50,6 +60,10 @@ class OptimizerConfig:
   lars_eta: float = 0.001             # trust coefficient
   lars_epsilon: float = 0.0
   label_smoothing: float = 0.1
+
+  def summary(self) -> str:
+    return (f"{self.name} (base lr {self.base_learning_rate}, warmup {self.warmup_epochs} "
+            f"epochs, weight decay {self.weight_decay}, momentum {self.momentum})")
 
   def validate(self):
     _check_choice("optimizer.name", self.name, ("lars", "sgd"))

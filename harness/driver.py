@@ -55,6 +55,20 @@ def blocks(max_epochs, eval_every, eval_offset):
   return out
 
 
+def sample_blocks(max_samples, eval_every, global_batch_size):
+  """[(first_step, step_count)]: eval after each block, at every multiple of eval_every samples
+  rounded up to whole batches (MLPerf BERT: "may be rounded up to the nearest batch size")."""
+  total = math.ceil(max_samples / global_batch_size)
+  out, done, k = [], 0, 1
+  while done < total:
+    end = min(math.ceil(k * eval_every / global_batch_size), total)
+    if end > done:
+      out.append((done, end - done))
+      done = end
+    k += 1
+  return out
+
+
 def _git_commit():
   try:
     return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
@@ -130,6 +144,8 @@ class Run:
     synthetic = opts.preset == "synthetic"
     per_epoch = math.ceil(trainer.train_examples / gbs)
     max_steps = cfg.train.max_epochs * per_epoch
+    if cfg.train.eval_every_samples:
+      max_steps = math.ceil(cfg.train.max_samples / gbs)
     if synthetic:
       max_steps = opts.steps or cfg.train.synthetic_steps
     elif opts.steps:
@@ -194,35 +210,51 @@ class Run:
     row["status"] = C.SUCCESS
     self._print(f"{steps} steps | {row['throughput']:.1f} samples/s | loss {metrics['loss']:.4f}")
 
+  def _plan(self, per_epoch, max_steps):
+    """[(end_step, first, count)]: the global step after which each eval runs, and the block's
+    first_epoch_num / epoch_count metadata in the cadence's unit (epochs, or samples)."""
+    train, gbs = self.cfg.train, self.cfg.train.global_batch_size
+    if train.eval_every_samples:
+      return [(min(first + count, max_steps), first * gbs, count * gbs)
+              for first, count in sample_blocks(train.max_samples, train.eval_every_samples, gbs)]
+    return [(min((first + count) * per_epoch, max_steps), first, count)
+            for first, count in blocks(train.max_epochs, train.eval_every_epochs,
+                                       train.eval_offset_epochs)]
+
   def _train_to_target(self, log, per_epoch, max_steps, row):
     cfg, trainer = self.cfg, self.trainer
     gbs, target = cfg.train.global_batch_size, cfg.train.target
+    by_samples = bool(cfg.train.eval_every_samples)
     steps_done, train_time = 0, 0.0
     run_start = time.time()
-    for first_epoch, count in blocks(cfg.train.max_epochs, cfg.train.eval_every_epochs,
-                                     cfg.train.eval_offset_epochs):
-      block_steps = min((first_epoch + count) * per_epoch, max_steps) - steps_done
+    for end_step, first, count in self._plan(per_epoch, max_steps):
+      block_steps = end_step - steps_done
       if block_steps <= 0:
         break
-      log.start(C.BLOCK_START, first_epoch_num=first_epoch, epoch_count=count)
+      log.start(C.BLOCK_START, first_epoch_num=first, epoch_count=count)
       start = time.time()
       metrics = self._train_block(block_steps)
       train_time += time.time() - start
       steps_done += block_steps
       epoch = steps_done / per_epoch
       if not math.isfinite(metrics["loss"]):
-        log.end(C.BLOCK_STOP, first_epoch_num=first_epoch, epoch_count=count)
+        log.end(C.BLOCK_STOP, first_epoch_num=first, epoch_count=count)
         row["abort_reason"] = f"non-finite loss {metrics['loss']} at epoch {epoch:g}"
         return
-      epoch_num = min(first_epoch + count, math.ceil(epoch))   # less if --steps cut the block
+      if by_samples:                          # MLPerf BERT: epoch_num = samples trained
+        epoch_num = steps_done * gbs
+        progress = f"samples {epoch_num}/{cfg.train.max_samples}"
+      else:
+        epoch_num = min(first + count, math.ceil(epoch))   # less if --steps cut the block
+        progress = f"epoch {epoch:g}/{cfg.train.max_epochs}"
       log.start(C.EVAL_START, epoch_num=epoch_num)
       accuracy = trainer.evaluate()["accuracy"]
       log.event(C.EVAL_ACCURACY, accuracy, epoch_num=epoch_num)
       log.end(C.EVAL_STOP, epoch_num=epoch_num)
-      log.end(C.BLOCK_STOP, first_epoch_num=first_epoch, epoch_count=count)
+      log.end(C.BLOCK_STOP, first_epoch_num=first, epoch_count=count)
       row.update(metric=accuracy, epochs=epoch, samples=steps_done * gbs,
                  throughput=steps_done * gbs / train_time)
-      self._print(f"epoch {epoch:g}/{cfg.train.max_epochs} | {steps_done * gbs / train_time:.1f}"
+      self._print(f"{progress} | {steps_done * gbs / train_time:.1f}"
                   f" samples/s | loss {metrics['loss']:.4f} | lr {metrics['lr']:.4g} | "
                   f"{self.spec.metric_name} {accuracy:.4f} (target {target}) | "
                   f"elapsed {time.time() - run_start:.1f}s")
@@ -230,7 +262,8 @@ class Run:
         row["status"] = C.SUCCESS
         return
     row["abort_reason"] = (f"target {target} not reached within {steps_done} steps "
-                           f"({steps_done / per_epoch:g} epochs)")
+                           + (f"({steps_done * gbs} samples)" if by_samples
+                              else f"({steps_done / per_epoch:g} epochs)"))
 
   def _train_block(self, block_steps):
     """Runs a block as one trainer call, or in chunks of train.steps_per_loop for progress."""

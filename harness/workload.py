@@ -56,6 +56,7 @@ class WorkloadSpec:
   mllog_hyperparameters: Callable[[Any, int], dict]   # (cfg, train_examples) -> {key: value}
   bn_span: Callable[[Any, int], int] | None = None    # (cfg, num_devices) -> model_bn_span
   needs_data_dir: tuple[str, ...] = ("reference",)
+  data_dir_contents: str = "a tensorflow-datasets data dir holding imagenet2012"
 
   def config(self, preset: str):
     if preset not in self.presets:

@@ -123,3 +123,24 @@ def test_efficientnet_rule_file_runs_in_the_official_checker(tmp_path):
   perfect.write_text(text.replace('"value": 0.5,', '"value": 1.0,').replace(
       '"value": 0.8,', '"value": 1.0,').replace('"value": 0.91,', '"value": 1.0,'))
   assert not compliance.check(str(perfect))[0]
+
+
+def test_sample_blocks_round_eval_points_up_to_whole_batches():
+  assert driver.sample_blocks(1000, 250, 100) == [(0, 3), (3, 2), (5, 3), (8, 2)]
+  assert driver.sample_blocks(400, 50, 100) == [(0, 1), (1, 1), (2, 1), (3, 1)]
+
+
+def test_sample_cadence_logs_samples_trained_as_epoch_num(tmp_path):
+  """BERT's cadence (rules/bert.yaml): evals every N samples, epoch_num = samples trained."""
+  from workloads.bert import spec as bert_spec
+  cfg = bert_spec.mini()
+  cfg.train.global_batch_size, cfg.train.eval_every_samples, cfg.train.max_samples = 100, 250, 1000
+  trainer = ScriptedTrainer([0.1, 0.2, 0.7])
+  opts = driver.RunOptions(framework="jax", preset="mini", seed=7,
+                           results_path=str(tmp_path / "r.csv"), log_dir=str(tmp_path / "logs"))
+  row = driver.run_all(bert_spec.SPEC, cfg, opts, lambda seed: trainer)[0]
+  events = [json.loads(l[9:]) for l in open(row.log_path) if l.startswith(":::MLLOG")]
+  assert trainer.steps == [3, 2, 3] and row.status == "success" and row.samples_to_converge == 800
+  assert [e["metadata"]["epoch_num"] for e in events if e["key"] == "eval_accuracy"] == [300, 500, 800]
+  assert [e["metadata"]["first_epoch_num"] for e in events if e["key"] == "block_start"] == [0, 300, 500]
+  assert compliance.check(row.log_path)[0]

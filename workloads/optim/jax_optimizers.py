@@ -1,4 +1,5 @@
-"""Optimizers for the JAX side, as optax transformations.
+"""Optimizers for the JAX side, as optax transformations: MLPerf LARS and SGD (ResNet) and
+MLPerf LAMB (BERT, see `mlperf_lamb`).
 
 LARS as MLPerf defines it (the reference ResNet's LARS, logged with the `lars_*` keys):
 
@@ -70,6 +71,82 @@ def sgd_momentum(learning_rate: Callable, weight_decay: float, momentum: float =
   v = m * v + (g + wd * w); w = w - lr * v, with weight decay on kernels only."""
   return optax.chain(optax.add_decayed_weights(weight_decay, mask=mask),
                      optax.sgd(learning_rate, momentum=momentum))
+
+
+# ----------------------------------------------------------------------------- LAMB
+
+def lamb_weight_mask(params) -> Any:
+  """True for the weights LAMB decays and trust-ratios: dense kernels and embedding tables.
+  False for biases and LayerNorm scale/offset, the reference's exclusion list ("LayerNorm",
+  "layer_norm", "bias"), read off flax's leaf names (kernel/embedding vs bias/scale)."""
+  def is_weight(path, _):
+    return getattr(path[-1], "key", None) in ("kernel", "embedding")
+  return jax.tree_util.tree_map_with_path(is_weight, params)
+
+
+class LambState(NamedTuple):
+  count: jax.Array        # updates applied so far
+  mu: Any                 # Adam first moment
+  nu: Any                 # Adam second moment
+
+
+def clip_by_global_norm(grads, clip_norm):
+  """tf.clip_by_global_norm: g * clip_norm / max(||all g||, clip_norm)."""
+  norm = optax.global_norm(grads)
+  return jax.tree.map(lambda g: g * (clip_norm / jnp.maximum(norm, clip_norm)), grads)
+
+
+def mlperf_lamb(learning_rate: Callable, weight_decay: float = 0.01, b1: float = 0.9,
+                b2: float = 0.999, eps: float = 1e-6, clip_norm: float | None = 1.0,
+                mask=lamb_weight_mask) -> optax.GradientTransformation:
+  """LAMB as the MLPerf BERT reference (lamb_optimizer_v1.py + optimization.py) computes it:
+
+    g      = clip_by_global_norm(grads, 1.0)                   (before the update, all params)
+    m, v   = b1*m + (1-b1)*g,  b2*v + (1-b2)*g^2
+    u      = (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)   t = updates including this one
+    weights (kernels, embeddings):  u += wd * w;  r = ||w|| / ||u||  (1 if either norm is 0)
+    biases, LayerNorm:              r = 1        (no decay, no layer adaptation)
+    w      = w - lr(t - 1) * r * u
+
+  Why not `optax.lamb`: its `mask` only removes weight decay; the trust ratio still scales
+  every parameter, biases and LayerNorm included, whereas the reference excludes them from
+  layer adaptation too (exclude_from_layer_adaptation defaults to exclude_from_weight_decay).
+  It also leaves gradient clipping out. Moments, bias correction, eps placement and the
+  zero-norm rule match. Under weight-update sharding the norms are over the whole (logical)
+  array: GSPMD reduces the partial sums across shards.
+  """
+  def init(params):
+    zeros = lambda: jax.tree.map(jnp.zeros_like, params)
+    return LambState(count=jnp.zeros([], jnp.int32), mu=zeros(), nu=zeros())
+
+  def update(grads, state, params):
+    if clip_norm:
+      grads = clip_by_global_norm(grads, clip_norm)
+    count = state.count + 1
+    t = count.astype(jnp.float32)
+    lr = learning_rate(state.count)
+    mu = jax.tree.map(lambda m, g: b1 * m + (1 - b1) * g, state.mu, grads)
+    nu = jax.tree.map(lambda v, g: b2 * v + (1 - b2) * jnp.square(g), state.nu, grads)
+    weights = mask(params) if callable(mask) else mask
+
+    def step(m, v, w, is_weight):
+      u = (m / (1 - b1**t)) / (jnp.sqrt(v / (1 - b2**t)) + eps)
+      if not is_weight:
+        return -lr * u
+      u = u + weight_decay * w
+      w_norm, u_norm = jnp.linalg.norm(w), jnp.linalg.norm(u)
+      ratio = jnp.where((w_norm > 0) & (u_norm > 0), w_norm / u_norm, 1.0)
+      return -lr * ratio * u
+
+    updates = jax.tree.map(step, mu, nu, params, weights)
+    return updates, LambState(count=count, mu=mu, nu=nu)
+
+  return optax.GradientTransformation(init, update)
+
+
+def make_lamb(lamb_cfg, schedule) -> optax.GradientTransformation:
+  return mlperf_lamb(lambda step: schedule(step, ops=jnp), lamb_cfg.weight_decay_rate,
+                     lamb_cfg.beta_1, lamb_cfg.beta_2, lamb_cfg.epsilon, lamb_cfg.clip_norm)
 
 
 def make_optimizer(opt_cfg, schedule) -> optax.GradientTransformation:

@@ -44,3 +44,32 @@ def warmup_poly_for(opt_cfg, train_cfg, train_examples: int) -> WarmupPolySchedu
   return WarmupPolySchedule(base_lr=opt_cfg.base_learning_rate, warmup_steps=warmup_steps,
                             decay_steps=max(total_steps - warmup_steps, 1),
                             end_lr=opt_cfg.end_learning_rate, power=opt_cfg.decay_poly_power)
+
+
+@dataclasses.dataclass(frozen=True)
+class BertLambSchedule:
+  """The MLPerf BERT reference's learning rate (optimization.py `create_optimizer`):
+
+  decayed(step) = base_lr * (1 - min(step, training_steps) / training_steps) ** power   (to 0)
+  lr(step)      = base_lr * (step - start_warmup) / warmup    if step - start_warmup < warmup
+                = decayed(step)                                otherwise
+
+  The decay runs from step 0 (not from the end of warmup), and a negative start_warmup_step
+  starts the run part-way into warmup, both as in the reference (tf.train.polynomial_decay
+  and its hand-written warmup). `step` is the number of updates already applied.
+  """
+  base_lr: float
+  training_steps: int
+  warmup_steps: int = 0
+  start_warmup_step: int = 0
+  power: float = 1.0
+
+  def __call__(self, step, ops=np):
+    step = step * 1.0
+    progress = ops.minimum(step, float(self.training_steps)) / max(self.training_steps, 1)
+    decayed = self.base_lr * (1.0 - progress) ** self.power
+    if not self.warmup_steps:
+      return decayed
+    since = step - self.start_warmup_step
+    warmup = self.base_lr * since / self.warmup_steps
+    return ops.where(since < self.warmup_steps, warmup, decayed)

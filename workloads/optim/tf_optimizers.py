@@ -103,3 +103,77 @@ def make_optimizer(opt_cfg, schedule, decayed_variables, all_variables):
   decayed = {id(v) for v in decayed_variables}
   optimizer.exclude_from_weight_decay(var_list=[v for v in all_variables if id(v) not in decayed])
   return optimizer
+
+
+class MLPerfLamb(keras.optimizers.Optimizer):
+  """LAMB as the MLPerf BERT reference computes it (formula: jax_optimizers.mlperf_lamb).
+
+  Weight decay and the trust ratio apply to variables not excluded through
+  `exclude_from_weight_decay(var_list=...)` (biases and LayerNorm, by layer role, see
+  tf_model.lamb_excluded_variables). Gradient clipping by global norm is Keras'
+  `global_clipnorm`, which is tf.clip_by_global_norm's formula. The learning rate Keras passes
+  in is the schedule at `iterations` (updates already applied), as in the reference.
+  """
+
+  def __init__(self, learning_rate, weight_decay_rate=0.01, beta_1=0.9, beta_2=0.999,
+               epsilon=1e-6, clip_norm=1.0, name="mlperf_lamb", **kwargs):
+    super().__init__(learning_rate=learning_rate, name=name,
+                     global_clipnorm=clip_norm or None, **kwargs)
+    self.weight_decay_rate, self.beta_1, self.beta_2 = weight_decay_rate, beta_1, beta_2
+    self.epsilon, self.clip_norm = epsilon, clip_norm
+
+  def build(self, var_list):
+    if self.built:
+      return
+    super().build(var_list)
+    self.moments = [self.add_variable_from_reference(v, "m") for v in var_list]
+    self.velocities = [self.add_variable_from_reference(v, "v") for v in var_list]
+
+  def update_step(self, gradient, variable, learning_rate):
+    lr = ops.cast(learning_rate, variable.dtype)
+    g = ops.cast(gradient, variable.dtype)
+    t = ops.cast(self.iterations + 1, variable.dtype)
+    index = self._get_variable_index(variable)
+    m, v = self.moments[index], self.velocities[index]
+    self.assign(m, self.beta_1 * m + (1 - self.beta_1) * g)
+    self.assign(v, self.beta_2 * v + (1 - self.beta_2) * ops.square(g))
+    m_hat = m / (1 - ops.power(ops.cast(self.beta_1, variable.dtype), t))
+    v_hat = v / (1 - ops.power(ops.cast(self.beta_2, variable.dtype), t))
+    update = m_hat / (ops.sqrt(v_hat) + self.epsilon)
+    if self._use_weight_decay(variable):
+      update = update + self.weight_decay_rate * variable
+      w_norm = ops.sqrt(ops.sum(ops.square(variable)))
+      u_norm = ops.sqrt(ops.sum(ops.square(update)))
+      ratio = ops.where(ops.logical_and(w_norm > 0, u_norm > 0), w_norm / u_norm,
+                        ops.ones_like(w_norm))
+      update = ratio * update
+    self.assign_sub(variable, lr * update)
+
+  def get_config(self):
+    config = super().get_config()
+    config.pop("global_clipnorm", None)              # it is clip_norm here
+    config.update(weight_decay_rate=self.weight_decay_rate, beta_1=self.beta_1,
+                  beta_2=self.beta_2, epsilon=self.epsilon, clip_norm=self.clip_norm)
+    return config
+
+
+class KerasSchedule(keras.optimizers.schedules.LearningRateSchedule):
+  """Any schedules.* formula (callable with `ops=`) as a Keras schedule."""
+
+  def __init__(self, schedule):
+    self.schedule = schedule
+
+  def __call__(self, step):
+    import tensorflow as tf
+    return tf.cast(self.schedule(tf.cast(step, tf.float32), ops=tf.experimental.numpy),
+                   tf.float32)
+
+  def get_config(self):
+    return vars(self.schedule)
+
+
+def make_lamb(lamb_cfg, schedule, excluded_variables):
+  optimizer = MLPerfLamb(KerasSchedule(schedule), lamb_cfg.weight_decay_rate, lamb_cfg.beta_1,
+                         lamb_cfg.beta_2, lamb_cfg.epsilon, lamb_cfg.clip_norm)
+  optimizer.exclude_from_weight_decay(var_list=list(excluded_variables))
+  return optimizer

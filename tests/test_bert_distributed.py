@@ -1,0 +1,61 @@
+"""The JAX BERT trainer on 8 simulated CPU devices: data parallel and weight-update sharding
+(LAMB's trust ratio over the whole layer) equal the single-device run over several steps."""
+import jax
+import numpy as np
+import pytest
+
+from harness import config
+from harness.workload import RunContext
+from workloads.bert import spec
+from workloads.parallel import jax_runtime
+
+
+def trained(steps=3, **parallel):
+  cfg = spec.mini()
+  config.apply_overrides(cfg, ["data.source=synthetic", "model.hidden_size=32",
+                               "model.intermediate_size=64", "train.global_batch_size=16",
+                               "optimizer.base_learning_rate=0.01", "optimizer.warmup_steps=0"])
+  for key, value in parallel.items():
+    setattr(cfg.parallel, key, value)
+  trainer = spec.SPEC.make_trainer("jax", cfg, RunContext(seed=0, preset="synthetic"))
+  trainer.init()
+  trainer.train(steps)
+  return trainer
+
+
+def params_of(trainer):
+  return jax.tree.map(np.asarray, jax.device_get(trainer.state.params))
+
+
+@pytest.fixture(scope="module")
+def single_trainer():
+  return trained(mesh="data=1")
+
+
+@pytest.fixture(scope="module")
+def single_device(single_trainer):
+  return params_of(single_trainer)
+
+
+def assert_trees_close(a, b):
+  for (path, x), y in zip(jax.tree_util.tree_leaves_with_path(a), jax.tree.leaves(b)):
+    if jax.tree_util.keystr(path).endswith("['key']['bias']"):
+      continue      # zero gradient in exact arithmetic: Adam amplifies float32 noise (parity test)
+    np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6, err_msg=jax.tree_util.keystr(path))
+
+
+def test_data_parallel_equals_one_device(single_device):
+  trainer = trained(mesh="data=8")
+  assert trainer.num_devices == 8
+  assert_trees_close(params_of(trainer), single_device)
+
+
+def test_weight_update_sharding_equals_unsharded_and_shards_lamb_state(single_trainer,
+                                                                      single_device):
+  sharded = trained(mesh="data=8", weight_update_sharding=True)
+  assert_trees_close(params_of(sharded), single_device)
+  ratio = (jax_runtime.per_device_bytes(sharded.state.opt_state)
+           / jax_runtime.per_device_bytes(single_trainer.state.opt_state))
+  assert ratio < 0.2, ratio                 # every BERT matrix and vector here splits 8 ways
+  kernel = sharded.state.params["layer_0"]["query"]["kernel"]
+  assert kernel.addressable_shards[0].data.shape == kernel.shape      # weights whole again

@@ -1,0 +1,147 @@
+"""BERT with masked-LM and next-sentence heads in flax (the MLPerf reference architecture:
+google-research/bert modeling.py as bundled with the MLPerf reference).
+
+Post-LayerNorm transformer encoder (LayerNorm epsilon 1e-12), exact (erf) GELU, every weight
+initialised from a truncated normal with stddev 0.02 and every bias at zero. The MLM head is
+dense + GELU + LayerNorm, then a projection tied to the word embedding plus an output bias;
+the NSP head reads the pooler (dense + tanh on the [CLS] position). Module names follow the
+reference checkpoint's variable names (see checkpoint.py), so loading is a table lookup.
+At the reference size the model has 336,226,108 parameters (formula in
+tests/test_bert_parity.py).
+"""
+import functools
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+LAYER_NORM_EPSILON = 1e-12
+MASK_ADDER = -10000.0          # the reference adds (1 - mask) * -10000 to attention scores
+
+
+def weight_init(stddev):
+  return nn.initializers.truncated_normal(stddev=stddev)
+
+
+def gelu(x):
+  return jax.nn.gelu(x, approximate=False)
+
+
+class TransformerLayer(nn.Module):
+  hidden_size: int
+  num_heads: int
+  intermediate_size: int
+  dropout: float
+  init_std: float
+  dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, x, attention_adder, deterministic):
+    dense = functools.partial(nn.Dense, dtype=self.dtype, kernel_init=weight_init(self.init_std))
+    norm = functools.partial(nn.LayerNorm, epsilon=LAYER_NORM_EPSILON, dtype=self.dtype)
+    drop = functools.partial(nn.Dropout, rate=self.dropout, deterministic=deterministic)
+    batch, seq, _ = x.shape
+    head_dim = self.hidden_size // self.num_heads
+    split = lambda t: t.reshape(batch, seq, self.num_heads, head_dim)
+    q = split(dense(self.hidden_size, name="query")(x))
+    k = split(dense(self.hidden_size, name="key")(x))
+    v = split(dense(self.hidden_size, name="value")(x))
+    scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / jnp.sqrt(head_dim).astype(self.dtype)
+    scores = scores.astype(jnp.float32) + attention_adder[:, None, None, :]
+    probs = drop()(jax.nn.softmax(scores, axis=-1)).astype(self.dtype)
+    context = jnp.einsum("bhqk,bkhd->bqhd", probs, v).reshape(batch, seq, self.hidden_size)
+    attended = drop()(dense(self.hidden_size, name="attention_output")(context))
+    x = norm(name="attention_LayerNorm")(attended + x)
+    hidden = gelu(dense(self.intermediate_size, name="intermediate")(x))
+    out = drop()(dense(self.hidden_size, name="output")(hidden))
+    return norm(name="output_LayerNorm")(out + x)
+
+
+class BertPretraining(nn.Module):
+  """(mlm_logits [B, P, V] at masked_lm_positions, nsp_logits [B, 2]), both float32."""
+  vocab_size: int = 30522
+  hidden_size: int = 1024
+  num_layers: int = 24
+  num_heads: int = 16
+  intermediate_size: int = 4096
+  max_position_embeddings: int = 512
+  type_vocab_size: int = 2
+  dropout: float = 0.1
+  initializer_range: float = 0.02
+  dtype: Any = jnp.float32          # compute dtype; parameters stay float32
+
+  @nn.compact
+  def __call__(self, input_ids, input_mask, segment_ids, masked_lm_positions, train=False):
+    deterministic = not train
+    init = weight_init(self.initializer_range)
+    embed = functools.partial(nn.Embed, features=self.hidden_size, embedding_init=init)
+    norm = functools.partial(nn.LayerNorm, epsilon=LAYER_NORM_EPSILON, dtype=self.dtype)
+    dense = functools.partial(nn.Dense, dtype=self.dtype, kernel_init=init)
+    word_embeddings = embed(self.vocab_size, name="word_embeddings")
+    seq = input_ids.shape[1]
+    x = (word_embeddings(input_ids)
+         + embed(self.max_position_embeddings, name="position_embeddings").embedding[:seq]
+         + embed(self.type_vocab_size, name="token_type_embeddings")(segment_ids))
+    x = norm(name="embeddings_LayerNorm")(x)
+    x = nn.Dropout(self.dropout, deterministic=deterministic)(x).astype(self.dtype)
+    adder = (1.0 - input_mask.astype(jnp.float32)) * MASK_ADDER
+    for i in range(self.num_layers):
+      x = TransformerLayer(self.hidden_size, self.num_heads, self.intermediate_size,
+                           self.dropout, self.initializer_range, self.dtype,
+                           name=f"layer_{i}")(x, adder, deterministic)
+    pooled = jnp.tanh(dense(self.hidden_size, name="pooler")(x[:, 0]))
+    nsp_logits = dense(2, name="nsp")(pooled)
+    # Masked LM: only the masked positions go through the head (as the reference gathers).
+    picked = jnp.take_along_axis(x, masked_lm_positions[..., None], axis=1)
+    picked = norm(name="mlm_LayerNorm")(gelu(dense(self.hidden_size, name="mlm_transform")(picked)))
+    output_bias = self.param("mlm_output_bias", nn.initializers.zeros, (self.vocab_size,))
+    mlm_logits = word_embeddings.attend(picked.astype(self.dtype)) + output_bias
+    return mlm_logits.astype(jnp.float32), nsp_logits.astype(jnp.float32)
+
+
+def from_config(model_cfg, dtype=jnp.float32) -> BertPretraining:
+  return BertPretraining(vocab_size=model_cfg.vocab_size, hidden_size=model_cfg.hidden_size,
+                         num_layers=model_cfg.num_layers, num_heads=model_cfg.num_heads,
+                         intermediate_size=model_cfg.intermediate_size,
+                         max_position_embeddings=model_cfg.max_position_embeddings,
+                         type_vocab_size=model_cfg.type_vocab_size, dropout=model_cfg.dropout,
+                         initializer_range=model_cfg.initializer_range, dtype=dtype)
+
+
+def pretraining_loss(mlm_logits, nsp_logits, batch):
+  """The reference's loss: weighted mean of masked-LM cross entropy over the masked positions
+  (denominator sum(weights) + 1e-5) plus mean next-sentence cross entropy."""
+  log_probs = jax.nn.log_softmax(mlm_logits, axis=-1)
+  token_nll = -jnp.take_along_axis(log_probs, batch["masked_lm_ids"][..., None], axis=-1)[..., 0]
+  weights = batch["masked_lm_weights"]
+  mlm = jnp.sum(weights * token_nll) / (jnp.sum(weights) + 1e-5)
+  nsp_log_probs = jax.nn.log_softmax(nsp_logits, axis=-1)
+  labels = batch["next_sentence_labels"]
+  nsp = -jnp.mean(jnp.take_along_axis(nsp_log_probs, labels[:, None], axis=-1))
+  return mlm + nsp
+
+
+def masked_lm_correct(mlm_logits, batch, example_mask):
+  """(correct predictions, counted predictions) over masked positions; weights respected and
+  padding examples (example_mask 0) left out."""
+  weights = batch["masked_lm_weights"] * example_mask[:, None]
+  correct = (jnp.argmax(mlm_logits, -1) == batch["masked_lm_ids"]) * weights
+  return jnp.sum(correct), jnp.sum(weights)
+
+
+def load_tf1_checkpoint(params, path, num_layers):
+  """Params with every model variable replaced by the reference TF1 checkpoint's (e.g.
+  model.ckpt-28252), through checkpoint.py's name table; shapes must match the config."""
+  import numpy as np
+  from workloads.bert import checkpoint
+  params = jax.tree.map(lambda x: x, params)          # a fresh nested dict to fill in
+  for path, value in checkpoint.read_tf1_checkpoint(path, num_layers):
+    node = params
+    for key in path[:-1]:
+      node = node[key]
+    if tuple(node[path[-1]].shape) != value.shape:
+      raise ValueError(f"checkpoint {path}: {path} has shape {value.shape}, the model "
+                       f"{tuple(node[path[-1]].shape)}: the model config differs")
+    node[path[-1]] = jnp.asarray(value, np.float32)
+  return params

@@ -1,0 +1,175 @@
+"""BERT with masked-LM and next-sentence heads in Keras 3 (plain keras layers): the same
+architecture, layer names and initialisation as jax_model.py, so parameters convert one to one
+(`load_flax_variables`) and the reference checkpoint loads through the same table
+(checkpoint.py). At the reference size: 336,226,108 parameters.
+"""
+import numpy as np
+import keras
+from keras import layers, ops
+
+from workloads.bert import checkpoint
+
+LAYER_NORM_EPSILON = 1e-12
+MASK_ADDER = -10000.0
+
+
+def gelu(x):
+  return keras.activations.gelu(x, approximate=False)
+
+
+class TransformerLayer(layers.Layer):
+  def __init__(self, hidden_size, num_heads, intermediate_size, dropout, init, **kwargs):
+    super().__init__(**kwargs)
+    dense = lambda units, name: layers.Dense(units, kernel_initializer=init, name=name,
+                                             dtype=self.dtype_policy)
+    norm = lambda name: layers.LayerNormalization(epsilon=LAYER_NORM_EPSILON, name=name,
+                                                  dtype=self.dtype_policy)
+    self.num_heads, self.hidden_size = num_heads, hidden_size
+    self.query, self.key, self.value = dense(hidden_size, "query"), dense(hidden_size, "key"), \
+        dense(hidden_size, "value")
+    self.attention_output = dense(hidden_size, "attention_output")
+    self.attention_LayerNorm = norm("attention_LayerNorm")
+    self.intermediate = dense(intermediate_size, "intermediate")
+    self.output_dense = dense(hidden_size, "output")
+    self.output_LayerNorm = norm("output_LayerNorm")
+    self.dropout = layers.Dropout(dropout, dtype=self.dtype_policy)
+
+  def sublayers(self):
+    """{flax module name: keras layer}."""
+    return {"query": self.query, "key": self.key, "value": self.value,
+            "attention_output": self.attention_output,
+            "attention_LayerNorm": self.attention_LayerNorm, "intermediate": self.intermediate,
+            "output": self.output_dense, "output_LayerNorm": self.output_LayerNorm}
+
+  def call(self, x, attention_adder, training=False):
+    batch, seq = ops.shape(x)[0], ops.shape(x)[1]
+    head_dim = self.hidden_size // self.num_heads
+    split = lambda t: ops.reshape(t, (batch, seq, self.num_heads, head_dim))
+    q, k, v = split(self.query(x)), split(self.key(x)), split(self.value(x))
+    scores = ops.einsum("bqhd,bkhd->bhqk", q, k) / ops.cast(ops.sqrt(head_dim * 1.0), q.dtype)
+    # Keras casts float call arguments to the compute dtype (bf16 under mixed precision); the
+    # adder is 0 or -10000, for which bf16 is exact enough (exp underflows to 0 either way)
+    scores = ops.cast(scores, "float32") + ops.cast(attention_adder, "float32")[:, None, None, :]
+    probs = ops.cast(self.dropout(ops.softmax(scores, axis=-1), training=training), v.dtype)
+    context = ops.reshape(ops.einsum("bhqk,bkhd->bqhd", probs, v),
+                          (batch, seq, self.hidden_size))
+    attended = self.dropout(self.attention_output(context), training=training)
+    x = self.attention_LayerNorm(attended + x)
+    out = self.dropout(self.output_dense(gelu(self.intermediate(x))), training=training)
+    return self.output_LayerNorm(out + x)
+
+
+class BertPretraining(keras.Model):
+  """call(batch) -> (mlm_logits [B, P, V], nsp_logits [B, 2]), float32; `batch` holds
+  input_ids, input_mask, segment_ids and masked_lm_positions."""
+
+  def __init__(self, model_cfg, dtype="float32", **kwargs):
+    super().__init__(name="bert", dtype=dtype, **kwargs)
+    c = self.cfg = model_cfg
+    init = keras.initializers.TruncatedNormal(stddev=c.initializer_range)
+    embed = lambda count, name: layers.Embedding(count, c.hidden_size, embeddings_initializer=init,
+                                                 name=name, dtype="float32")
+    dense = lambda units, name, activation=None: layers.Dense(
+        units, activation=activation, kernel_initializer=init, name=name, dtype=self.dtype_policy)
+    norm = lambda name: layers.LayerNormalization(epsilon=LAYER_NORM_EPSILON, name=name,
+                                                  dtype=self.dtype_policy)
+    self.word_embeddings = embed(c.vocab_size, "word_embeddings")
+    self.position_embeddings = embed(c.max_position_embeddings, "position_embeddings")
+    self.token_type_embeddings = embed(c.type_vocab_size, "token_type_embeddings")
+    for table in (self.word_embeddings, self.position_embeddings, self.token_type_embeddings):
+      table.build((None,))              # the tables are read directly below (tied, sliced)
+    self.embeddings_LayerNorm = norm("embeddings_LayerNorm")
+    self.dropout = layers.Dropout(c.dropout, dtype=self.dtype_policy)
+    self.encoder = [TransformerLayer(c.hidden_size, c.num_heads, c.intermediate_size, c.dropout,
+                                     init, name=f"layer_{i}", dtype=self.dtype_policy)
+                    for i in range(c.num_layers)]
+    self.pooler = dense(c.hidden_size, "pooler", "tanh")
+    self.nsp = dense(2, "nsp")
+    self.mlm_transform = dense(c.hidden_size, "mlm_transform")
+    self.mlm_LayerNorm = norm("mlm_LayerNorm")
+    self.mlm_output_bias = self.add_weight(shape=(c.vocab_size,), initializer="zeros",
+                                           name="mlm_output_bias", dtype="float32")
+
+  def call(self, batch, training=False):
+    input_ids, segment_ids = batch["input_ids"], batch["segment_ids"]
+    seq = ops.shape(input_ids)[1]
+    # Reading a float32 variable inside a mixed_bfloat16 call autocasts it to bfloat16: sum
+    # the embeddings in float32 (as the flax model does) by casting explicitly.
+    x = (self.word_embeddings(input_ids)
+         + ops.cast(self.position_embeddings.embeddings, "float32")[None, :seq]
+         + self.token_type_embeddings(segment_ids))
+    x = self.dropout(self.embeddings_LayerNorm(x), training=training)
+    adder = (1.0 - ops.cast(batch["input_mask"], "float32")) * MASK_ADDER
+    for layer in self.encoder:
+      x = layer(x, adder, training=training)
+    nsp_logits = self.nsp(self.pooler(x[:, 0]))
+    picked = ops.take_along_axis(x, ops.expand_dims(batch["masked_lm_positions"], -1), axis=1)
+    picked = self.mlm_LayerNorm(gelu(self.mlm_transform(picked)))
+    table = ops.cast(self.word_embeddings.embeddings, picked.dtype)
+    mlm_logits = ops.matmul(picked, ops.transpose(table))
+    mlm_logits = ops.cast(mlm_logits, "float32") + ops.cast(self.mlm_output_bias, "float32")
+    return mlm_logits, ops.cast(nsp_logits, "float32")
+
+  # ------------------------------------------------------------------ by flax path
+  def variable_at(self, path):
+    """The Keras variable at a flax params path, e.g. ('layer_0', 'query', 'kernel')."""
+    if path == ("mlm_output_bias",):
+      return self.mlm_output_bias
+    owner, leaf = path[:-1], path[-1]
+    layer = (self.encoder[int(owner[0].split("_")[1])].sublayers()[owner[1]]
+             if owner[0].startswith("layer_") else getattr(self, owner[0]))
+    name = {"embedding": "embeddings", "scale": "gamma",
+            "bias": "beta" if isinstance(layer, layers.LayerNormalization) else "bias"}.get(leaf, leaf)
+    return getattr(layer, name)
+
+  def flax_paths(self):
+    """Every model variable's flax path, in checkpoint-table order."""
+    return [path for _, path, _ in checkpoint.tf1_variable_table(self.cfg.num_layers)]
+
+
+def build(model_cfg, seq_len=None, max_predictions=2, dtype="float32") -> BertPretraining:
+  """Creates the model and its variables (one call on a dummy batch)."""
+  model = BertPretraining(model_cfg, dtype=dtype)
+  seq = seq_len or model_cfg.max_position_embeddings
+  zeros = lambda *shape: np.zeros(shape, np.int32)
+  model({"input_ids": zeros(1, seq), "input_mask": zeros(1, seq), "segment_ids": zeros(1, seq),
+         "masked_lm_positions": zeros(1, max_predictions)})
+  return model
+
+
+def lamb_excluded_variables(model):
+  """Biases, LayerNorm gamma/beta and the MLM output bias: no weight decay and no trust ratio
+  (the reference's exclusion list), chosen by layer role."""
+  out = [model.mlm_output_bias]
+  for layer in model._flatten_layers(include_self=False):
+    if isinstance(layer, layers.LayerNormalization):
+      out += [layer.gamma, layer.beta]
+    elif isinstance(layer, layers.Dense):
+      out.append(layer.bias)
+  return out
+
+
+def load_flax_variables(model, params):
+  """Copies flax params into the Keras model through the shared path table."""
+  copied = 0
+  for path in model.flax_paths():
+    value = params
+    for key in path:
+      value = value[key]
+    var = model.variable_at(path)
+    var.assign(np.asarray(value, np.float32).reshape(var.shape))
+    copied += int(np.prod(var.shape))
+  if copied != model.count_params():
+    raise ValueError(f"converted {copied} of {model.count_params()} values: the models differ")
+  return model
+
+
+def load_tf1_checkpoint(model, path):
+  """Loads the reference TF1 checkpoint (e.g. model.ckpt-28252) into the model."""
+  for ours, value in checkpoint.read_tf1_checkpoint(path, model.cfg.num_layers):
+    var = model.variable_at(ours)
+    if tuple(var.shape) != value.shape:
+      raise ValueError(f"checkpoint {path}: {ours} has shape {value.shape}, the model "
+                       f"{tuple(var.shape)}: the model config differs from bert_config.json")
+    var.assign(value)
+  return model
