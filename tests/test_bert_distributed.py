@@ -1,5 +1,6 @@
-"""The JAX BERT trainer on 8 simulated CPU devices: data parallel and weight-update sharding
-(LAMB's trust ratio over the whole layer) equal the single-device run over several steps."""
+"""The BERT trainers on 8 simulated CPU devices (JAX) and 8 logical CPU devices (TF): data
+parallel and weight-update sharding (LAMB's trust ratio over the whole layer, clipping by the
+global norm) equal the single-device run over several steps."""
 import jax
 import numpy as np
 import pytest
@@ -10,13 +11,18 @@ from workloads.bert import spec
 from workloads.parallel import jax_runtime
 
 
-def trained(steps=3, **parallel):
+def tiny_config(**parallel):
   cfg = spec.mini()
   config.apply_overrides(cfg, ["data.source=synthetic", "model.hidden_size=32",
                                "model.intermediate_size=64", "train.global_batch_size=16",
                                "optimizer.base_learning_rate=0.01", "optimizer.warmup_steps=0"])
   for key, value in parallel.items():
     setattr(cfg.parallel, key, value)
+  return cfg
+
+
+def trained(steps=3, **parallel):
+  cfg = tiny_config(**parallel)
   trainer = spec.SPEC.make_trainer("jax", cfg, RunContext(seed=0, preset="synthetic"))
   trainer.init()
   trainer.train(steps)
@@ -59,3 +65,33 @@ def test_weight_update_sharding_equals_unsharded_and_shards_lamb_state(single_tr
   assert ratio < 0.2, ratio                 # every BERT matrix and vector here splits 8 ways
   kernel = sharded.state.params["layer_0"]["query"]["kernel"]
   assert kernel.addressable_shards[0].data.shape == kernel.shape      # weights whole again
+
+
+# ------------------------------------------------------------------ TF (tf.distribute)
+
+def tf_trained(steps=3, **parallel):
+  cfg = tiny_config(**parallel)
+  cfg.optimizer.clip_norm = 0.05      # clipping active: it must see the summed gradient
+  trainer = spec.SPEC.make_trainer("tf", cfg, RunContext(seed=0, preset="synthetic"))
+  trainer.init()
+  trainer.train(steps)
+  return trainer
+
+
+def tf_weights(trainer):
+  return {v.path: v.numpy() for v in trainer.model.trainable_variables}
+
+
+def test_tf_data_parallel_and_weight_update_sharding_equal_one_replica():
+  """8 replicas (MirroredStrategy over logical CPUs), with and without weight-update sharding,
+  3 LAMB steps with global-norm clipping of the summed gradient, against one replica."""
+  single = tf_weights(tf_trained(mesh="data=1"))
+  for parallel in (dict(mesh="data=8"), dict(mesh="data=8", weight_update_sharding=True)):
+    trainer = tf_trained(**parallel)
+    assert trainer.num_devices == 8
+    for path, value in tf_weights(trainer).items():
+      if path.endswith("key/bias"):
+        continue      # zero gradient in exact arithmetic: Adam amplifies float32 noise
+      np.testing.assert_allclose(value, single[path], rtol=1e-5, atol=1e-6, err_msg=path)
+  assert trainer.describe()["optimizer_state_bytes_per_device"] * 8 < 1.01 * sum(
+      2 * 4 * v.size for v in single.values())               # m and v, one eighth each

@@ -96,7 +96,7 @@ def test_grouped_bn_matches_a_hand_computed_reference():
   ref = trained(steps=0, mesh="data=1")
   batches = input_pipeline.train_dataset(ref.cfg, 16, seed=0).as_numpy_iterator()
   bns = [l for l in ref.model.layers if isinstance(l, keras.layers.BatchNormalization)]
-  loss_and_grads = tf.function(ref._loss_and_grads)      # one trace for the 12 group steps
+  loss_and_grads = tf.function(ref.loss_and_grads)       # one trace for the 12 group steps
   for _ in range(3):
     batch = next(batches)
     old = [(l.moving_mean.numpy(), l.moving_variance.numpy()) for l in bns]

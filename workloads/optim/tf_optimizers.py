@@ -17,10 +17,11 @@ from keras import ops
 from workloads.optim import schedules
 
 
-class WarmupPoly(keras.optimizers.schedules.LearningRateSchedule):
-  """schedules.WarmupPolySchedule as a Keras schedule (the formula lives once, there)."""
+class KerasSchedule(keras.optimizers.schedules.LearningRateSchedule):
+  """Any schedules.* formula (callable with `ops=`) as a Keras schedule (the formula lives
+  once, in schedules.py)."""
 
-  def __init__(self, schedule: schedules.WarmupPolySchedule):
+  def __init__(self, schedule):
     self.schedule = schedule
 
   def __call__(self, step):
@@ -32,7 +33,30 @@ class WarmupPoly(keras.optimizers.schedules.LearningRateSchedule):
     return vars(self.schedule)
 
 
-class MLPerfMomentum(keras.optimizers.Optimizer):
+class _Optimizer(keras.optimizers.Optimizer):
+  """Our optimizers take gradients the trainer has already summed over replicas.
+
+  Keras sums gradients over replicas itself only *after* clipping them (Optimizer.apply clips,
+  then the TF backend all-reduces), so a global-norm clip (LAMB's) would see one replica's
+  partial gradients. The TF trainers all-reduce first (tf_runtime.StrategyRuntime.all_sum);
+  this turns Keras' second reduction off.
+  """
+
+  def _all_reduce_sum_gradients(self, grads_and_vars):
+    return grads_and_vars
+
+  @property
+  def learning_rate_schedule(self):
+    return self._learning_rate
+
+  def flat_update_rule(self):
+    """(rule, slot names) for weight-update sharding (tf_runtime.ShardedUpdate): rule(w, g,
+    slots, lr, step, mask, layer_norm) -> (new w, new slots) on flat slices of many variables,
+    `mask` 1.0 where an element is decayed, `layer_norm(x)` each element's whole-layer norm."""
+    raise NotImplementedError
+
+
+class MLPerfMomentum(_Optimizer):
   """MLPerf LARS (`lars=True`) or SGD with momentum; weight decay on non-excluded variables."""
 
   def __init__(self, learning_rate, decay=0.0, momentum=0.9, lars=True, eta=0.001, epsilon=0.0,
@@ -62,8 +86,6 @@ class MLPerfMomentum(keras.optimizers.Optimizer):
                 epsilon=self.epsilon)
 
   def flat_update_rule(self):
-    """The same update on flat slices of many variables (weight-update sharding): `mask` says
-    which elements are decayed and `layer_norm` gives each element its whole layer's norm."""
     hyper = self.hyper()
 
     def rule(w, g, slots, lr, step, mask, layer_norm):
@@ -97,7 +119,7 @@ def momentum_update(w, g, v, lr, decayed, norm, *, decay, momentum, lars, eta, e
 
 
 def make_optimizer(opt_cfg, schedule, decayed_variables, all_variables):
-  optimizer = MLPerfMomentum(WarmupPoly(schedule), decay=opt_cfg.weight_decay,
+  optimizer = MLPerfMomentum(KerasSchedule(schedule), decay=opt_cfg.weight_decay,
                              momentum=opt_cfg.momentum, lars=opt_cfg.name == "lars",
                              eta=opt_cfg.lars_eta, epsilon=opt_cfg.lars_epsilon)
   decayed = {id(v) for v in decayed_variables}
@@ -105,7 +127,7 @@ def make_optimizer(opt_cfg, schedule, decayed_variables, all_variables):
   return optimizer
 
 
-class MLPerfLamb(keras.optimizers.Optimizer):
+class MLPerfLamb(_Optimizer):
   """LAMB as the MLPerf BERT reference computes it (formula: jax_optimizers.mlperf_lamb).
 
   Weight decay and the trust ratio apply to variables not excluded through
@@ -130,24 +152,30 @@ class MLPerfLamb(keras.optimizers.Optimizer):
     self.velocities = [self.add_variable_from_reference(v, "v") for v in var_list]
 
   def update_step(self, gradient, variable, learning_rate):
-    lr = ops.cast(learning_rate, variable.dtype)
-    g = ops.cast(gradient, variable.dtype)
-    t = ops.cast(self.iterations + 1, variable.dtype)
     index = self._get_variable_index(variable)
     m, v = self.moments[index], self.velocities[index]
-    self.assign(m, self.beta_1 * m + (1 - self.beta_1) * g)
-    self.assign(v, self.beta_2 * v + (1 - self.beta_2) * ops.square(g))
-    m_hat = m / (1 - ops.power(ops.cast(self.beta_1, variable.dtype), t))
-    v_hat = v / (1 - ops.power(ops.cast(self.beta_2, variable.dtype), t))
-    update = m_hat / (ops.sqrt(v_hat) + self.epsilon)
-    if self._use_weight_decay(variable):
-      update = update + self.weight_decay_rate * variable
-      w_norm = ops.sqrt(ops.sum(ops.square(variable)))
-      u_norm = ops.sqrt(ops.sum(ops.square(update)))
-      ratio = ops.where(ops.logical_and(w_norm > 0, u_norm > 0), w_norm / u_norm,
-                        ops.ones_like(w_norm))
-      update = ratio * update
-    self.assign_sub(variable, lr * update)
+    decayed = self._use_weight_decay(variable)
+    norm = lambda x: ops.sqrt(ops.sum(ops.square(x)))
+    new_w, new_m, new_v = lamb_update(
+        variable, ops.cast(gradient, variable.dtype), m, v,
+        ops.cast(learning_rate, variable.dtype), ops.cast(self.iterations + 1, variable.dtype),
+        1.0 if decayed else 0.0, norm if decayed else None, **self.hyper())
+    self.assign(m, new_m)
+    self.assign(v, new_v)
+    self.assign(variable, new_w)
+
+  def hyper(self):
+    return dict(beta_1=self.beta_1, beta_2=self.beta_2, epsilon=self.epsilon,
+                weight_decay_rate=self.weight_decay_rate)
+
+  def flat_update_rule(self):
+    hyper = self.hyper()
+
+    def rule(w, g, slots, lr, step, mask, layer_norm):
+      t = ops.cast(step, "float32")
+      new_w, m, v = lamb_update(w, g, slots["m"], slots["v"], lr, t, mask, layer_norm, **hyper)
+      return new_w, {"m": m, "v": v}
+    return rule, ("m", "v")
 
   def get_config(self):
     config = super().get_config()
@@ -157,19 +185,21 @@ class MLPerfLamb(keras.optimizers.Optimizer):
     return config
 
 
-class KerasSchedule(keras.optimizers.schedules.LearningRateSchedule):
-  """Any schedules.* formula (callable with `ops=`) as a Keras schedule."""
-
-  def __init__(self, schedule):
-    self.schedule = schedule
-
-  def __call__(self, step):
-    import tensorflow as tf
-    return tf.cast(self.schedule(tf.cast(step, tf.float32), ops=tf.experimental.numpy),
-                   tf.float32)
-
-  def get_config(self):
-    return vars(self.schedule)
+def lamb_update(w, g, m, v, lr, t, decayed, norm, *, beta_1, beta_2, epsilon, weight_decay_rate):
+  """One MLPerf LAMB step at update count t (from 1) -> (new w, m, v). `decayed` is 1.0/0.0 or
+  a 0/1 mask over elements; `norm(x)` a whole layer's L2 norm (None: no trust ratio)."""
+  m = beta_1 * m + (1 - beta_1) * g
+  v = beta_2 * v + (1 - beta_2) * ops.square(g)
+  m_hat = m / (1 - ops.power(ops.cast(beta_1, w.dtype), t))
+  v_hat = v / (1 - ops.power(ops.cast(beta_2, w.dtype), t))
+  update = m_hat / (ops.sqrt(v_hat) + epsilon)
+  if norm is not None:
+    update = update + decayed * weight_decay_rate * w
+    w_norm, u_norm = norm(w), norm(update)
+    ratio = ops.where(ops.logical_and(w_norm > 0, u_norm > 0), w_norm / u_norm,
+                      ops.ones_like(w_norm))
+    update = (decayed * ratio + (1.0 - decayed)) * update
+  return w - lr * update, m, v
 
 
 def make_lamb(lamb_cfg, schedule, excluded_variables):

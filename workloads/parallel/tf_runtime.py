@@ -224,17 +224,20 @@ class ShardedUpdate:
   """Weight-update sharding (ZeRO-1, "automatic cross-replica sharding of weight update"):
   the trainable variables are flattened into one vector padded to a multiple of the replica
   count; replica r owns elements [r*S, (r+1)*S) and keeps only that slice of the optimizer
-  state. Per step: gradients summed over replicas, each replica keeps its slice (on CPU, TF
-  has no reduce-scatter kernel, so this is an all-reduce followed by a slice); the update
-  rule runs on the slice with per-layer norms (LARS/LAMB trust ratios) summed over replicas;
-  the updated slices are all-gathered and written back into every replica's weights.
+  state. Per step, on gradients already summed over replicas (on CPU TF has no reduce-scatter
+  kernel, so the reduce-scatter is the trainer's all-reduce followed by taking the slice): the
+  optimizer's own clipping on the whole gradient, its update rule on the slice with per-layer
+  norms (LARS/LAMB trust ratios) summed over replicas, then the updated slices all-gathered
+  and written back into every replica's weights.
 
-  `rule` is an optimizer's flat update (tf_optimizers.flat_update_rule): it gets the slices
-  and a `layer_norm(x)` giving each element its whole layer's L2 norm.
+  `optimizer` is one of tf_optimizers' Keras optimizers: its exclusions say which elements are
+  decayed, and its `flat_update_rule` is the same update formula as its per-variable one.
   """
 
-  def __init__(self, runtime, variables, decayed, rule, slot_names, schedule):
-    self.runtime, self.variables, self.rule, self.schedule = runtime, variables, rule, schedule
+  def __init__(self, runtime, variables, optimizer, schedule):
+    self.runtime, self.variables, self.optimizer = runtime, variables, optimizer
+    self.rule, slot_names = optimizer.flat_update_rule()
+    self.schedule = schedule
     n = runtime.num_replicas
     sizes = [int(np.prod(v.shape)) for v in variables]
     self.total = sum(sizes)
@@ -244,8 +247,7 @@ class ShardedUpdate:
     self.num_layers = len(variables) + 1                 # the padding is its own "layer"
     self.layer_ids = tf.constant(np.pad(layer, (0, padded - self.total),
                                         constant_values=len(variables)), tf.int32)
-    decayed_ids = {id(v) for v in decayed}
-    mask = np.repeat([float(id(v) in decayed_ids) for v in variables], sizes)
+    mask = np.repeat([float(optimizer._use_weight_decay(v)) for v in variables], sizes)  # pylint: disable=protected-access
     self.decay_mask = tf.constant(np.pad(mask, (0, padded - self.total)), tf.float32)
     on_read = dict(synchronization=tf.VariableSynchronization.ON_READ,
                    aggregation=tf.VariableAggregation.SUM, trainable=False)
@@ -262,10 +264,11 @@ class ShardedUpdate:
   def _slice(self, flat):
     return tf.slice(flat, [self.runtime.replica_id() * self.shard], [self.shard])
 
-  def apply(self, grads):
-    """In replica context: grads are this replica's (loss already scaled by the global batch)."""
+  def apply(self, summed_grads):
+    """In replica context, with the gradients summed over all replicas."""
     rt = self.runtime
-    g = self._slice(rt.all_sum(self._flat(grads)))
+    grads = self.optimizer._clip_gradients(list(summed_grads))  # pylint: disable=protected-access
+    g = self._slice(self._flat(grads))
     w = self._slice(self._flat(self.variables))
     ids, mask = self._slice(self.layer_ids), self._slice(self.decay_mask)
 

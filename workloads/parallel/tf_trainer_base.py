@@ -1,0 +1,194 @@
+"""What every TensorFlow trainer shares: the Trainer API (harness/workload.py) on a
+tf.distribute strategy (tf_runtime.StrategyRuntime). A workload's tf_trainer.py subclasses it
+and supplies the model, optimizer, loss, eval counts and datasets.
+
+One replica runs the plain step, XLA-compiled (`train.jit_compile`). Several run it under
+`strategy.run` as a TF graph: the cross-replica collectives inside the step (batch norm, halo
+exchange, the gradient sum) are tf.distribute ops, which XLA does not compile on CPU. Each
+replica's loss is its share of the global loss, the trainer sums gradients over replicas, and
+the optimizer (or, with weight-update sharding, tf_runtime.ShardedUpdate) applies the sum.
+`train(n)` runs n steps inside one tf.function (a tf.range loop over the distributed
+iterator), so the host syncs once per call.
+"""
+import math
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from workloads.parallel import tf_runtime
+
+
+class StrategyTrainer:
+  # ------------------------------------------------------------------ what a workload supplies
+  def make_model(self, runtime):
+    """The Keras model; `runtime` is the StrategyRuntime when there are several replicas."""
+    raise NotImplementedError
+
+  def make_optimizer(self):
+    """-> (a tf_optimizers optimizer, its Keras learning-rate schedule)."""
+    raise NotImplementedError
+
+  def loss_and_grads(self, batch):
+    """This replica's share of the global loss and its gradients."""
+    raise NotImplementedError
+
+  def eval_counts(self, batch):
+    """[correct, counted] over this replica's part of an eval batch (padding masked)."""
+    raise NotImplementedError
+
+  def batch_spec(self, batch_size, with_mask=False):
+    raise NotImplementedError
+
+  def train_dataset(self, process_index, process_count):
+    """This host's slice of every global training batch (real, mini or synthetic data)."""
+    raise NotImplementedError
+
+  def eval_dataset(self, batch_size, process_index, process_count):
+    raise NotImplementedError
+
+  def eval_batches(self, batch_size):
+    """Eval batches every host runs (the same count on all hosts)."""
+    raise NotImplementedError
+
+  # ------------------------------------------------------------------ shared
+  def __init__(self, cfg, ctx):
+    self.cfg, self.ctx = cfg, ctx
+    self.runtime = rt = tf_runtime.StrategyRuntime(cfg.parallel)
+    self.strategy = rt.strategy
+    gbs = cfg.train.global_batch_size
+    if gbs % rt.data or gbs % rt.process_count:
+      raise ValueError(f"train.global_batch_size={gbs} is not divisible by the {rt.data} data "
+                       f"replicas and {rt.process_count} process(es)")
+    self.num_devices, self.data_replicas = rt.num_replicas, rt.data
+    self.mesh_description = rt.description
+    gpus = tf.config.list_logical_devices("GPU")
+    self.device_kind = (tf.config.experimental.get_device_details(
+        tf.config.list_physical_devices("GPU")[0]).get("device_name", "GPU") if gpus else "cpu")
+    self.sharded = None
+    self._train_iter = None
+
+  def build(self):
+    """The model and optimizer, without compiling the steps (parity tests use this)."""
+    rt = self.runtime
+    with self.strategy.scope():
+      keras.utils.set_random_seed(self.ctx.seed)
+      self.model = self.make_model(rt if rt.distributed else None)
+      self.optimizer, schedule = self.make_optimizer()
+      if rt.weight_update_sharding:
+        self.sharded = tf_runtime.ShardedUpdate(rt, self.model.trainable_variables,
+                                                self.optimizer, schedule)
+      else:
+        self.optimizer.build(self.model.trainable_variables)
+    jit = self.cfg.train.jit_compile and not rt.distributed
+    self._step = tf.function(self._train_step, jit_compile=jit)
+    self._eval_step = tf.function(self.eval_counts, jit_compile=jit)
+
+  def _train_step(self, batch):
+    loss, grads = self.loss_and_grads(batch)
+    grads = self.runtime.all_sum(grads)        # summed over replicas, before any clipping
+    if self.sharded is not None:
+      self.sharded.apply(grads)
+    else:
+      self.optimizer.apply(grads, self.model.trainable_variables)
+    return loss
+
+  def _replicated(self, fn, batch):
+    return self.strategy.reduce(tf_runtime.SUM, self.strategy.run(fn, args=(batch,)), axis=None)
+
+  @tf.function
+  def _train_loop(self, iterator, num_steps):
+    total = tf.constant(0.0)
+    for _ in tf.range(num_steps):
+      total += self._replicated(self._step, next(iterator))
+    return total / tf.cast(num_steps, tf.float32)
+
+  @tf.function
+  def _eval_loop(self, iterator, num_batches):
+    totals = tf.zeros(2)
+    for _ in tf.range(num_batches):
+      totals += self._replicated(self._eval_step, next(iterator))
+    return totals
+
+  def eval_batch_size(self):
+    """cfg.data.eval_batch_size rounded up to a multiple of the data replicas and hosts."""
+    unit = math.lcm(self.runtime.data, self.runtime.process_count)
+    return math.ceil(self.cfg.data.eval_batch_size / unit) * unit
+
+  def _distributed(self, make_dataset, global_batch_size):
+    """make_dataset(process_index, process_count) -> this host's batches; per replica."""
+    return iter(self.runtime.distribute(make_dataset, global_batch_size))
+
+  def _state(self):
+    """Every per-device value of the training state (replicas of mirrored variables included)."""
+    state = self.model.variables + (self.optimizer.variables if self.sharded is None else
+                                    list(self.sharded.slots.values()) + [self.sharded.iterations])
+    state = [v.value if isinstance(v, keras.Variable) else v for v in state]
+    return [c for v in state for c in self.strategy.experimental_local_results(v)]
+
+  def init(self):
+    """Builds the model and optimizer, then traces and compiles the multi-step loop and the eval
+    loop by running them once on zeros (no dataset exists yet), and restores the initial state."""
+    self.build()
+    hosts = self.runtime.process_count
+
+    def zeros(batch_size, with_mask=False):
+      specs = self.batch_spec(batch_size // hosts, with_mask)
+      batch = {k: tf.zeros(s.shape, s.dtype) for k, s in specs.items()}
+      return lambda i, n: tf.data.Dataset.from_tensors(batch).repeat()
+
+    state = self._state()
+    saved = [v.numpy() for v in state]
+    gbs, eval_bs = self.cfg.train.global_batch_size, self.eval_batch_size()
+    self._train_loop(self._distributed(zeros(gbs), gbs), tf.constant(1))
+    self._eval_loop(self._distributed(zeros(eval_bs, True), eval_bs), tf.constant(1))
+    for var, value in zip(state, saved):
+      var.assign(value)
+
+  @property
+  def iterations(self):
+    return self.optimizer.iterations if self.sharded is None else self.sharded.iterations
+
+  def train(self, num_steps):
+    if self._train_iter is None:         # first use is after run_start: no data read before
+      self._train_iter = self._distributed(self.train_dataset, self.cfg.train.global_batch_size)
+    loss = self._train_loop(self._train_iter, tf.constant(num_steps))
+    step = int(self.iterations.numpy())                  # the one host sync of the call
+    return {"loss": float(loss), "lr": float(self.schedule(step - 1)), "step": step}
+
+  def evaluate(self):
+    if self.cfg.data.source == "synthetic":
+      raise ValueError("a synthetic run has no eval split")
+    eval_bs = self.eval_batch_size()
+    make = lambda i, n: self.eval_dataset(eval_bs, i, n)
+    correct, count = self._eval_loop(self._distributed(make, eval_bs),
+                                     tf.constant(self.eval_batches(eval_bs))).numpy()
+    return {"accuracy": float(correct / count), "count": int(round(count))}
+
+  def describe(self):
+    params = int(sum(np.prod(v.shape) for v in self.model.trainable_variables))
+    out = {"parameters": params}
+    if not self.runtime.distributed:
+      gbs = self.cfg.train.global_batch_size
+      out["train_flops_per_example"] = graph_flops(self._step, self.batch_spec(gbs)) / gbs
+    out["optimizer_state_bytes_per_device"] = (
+        self.sharded.state_bytes_per_replica() if self.sharded is not None else
+        int(sum(np.prod(v.shape) * np.dtype(v.dtype).itemsize for v in self.optimizer.variables
+                if v is not self.optimizer.iterations)))
+    if self.runtime.collective_calls:
+      out["collectives_in_train_step"] = dict(self.runtime.collective_calls)
+    return out
+
+
+def graph_flops(function, specs):
+  """Floating-point ops of one traced train step (TF's graph profiler: what tf.function runs)."""
+  graph = function.get_concrete_function(specs).graph
+  opts = tf.compat.v1.profiler.ProfileOptionBuilder.float_operation()
+  opts["output"] = "none"
+  verbosity = tf.get_logger().level
+  tf.get_logger().setLevel("ERROR")         # the v1 profiler warns that it is a v1 API
+  try:
+    info = tf.compat.v1.profiler.profile(graph, options=opts)
+  finally:
+    tf.get_logger().setLevel(verbosity)
+  return float(info.total_float_ops) if info else float("nan")
