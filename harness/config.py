@@ -122,6 +122,24 @@ class ParallelConfig:
                          "HOST:PORT of process 0, e.g. 127.0.0.1:12345")
 
 
+def mesh_shape(parallel: ParallelConfig, available: int) -> tuple[int, int, int]:
+  """(data, spatial, bn_group_size) of a run on `available` devices, the same for every
+  framework runtime; ValueError (the CLI's one-line error) when they do not fit."""
+  axes = parallel.axes()
+  spatial = axes["spatial"]
+  data = axes["data"] or available // spatial
+  if data * spatial > available or data < 1:
+    raise ValueError(f"--mesh data={axes['data'] or data},spatial={spatial} needs "
+                     f"{max(data, 1) * spatial} devices; {available} available")
+  group = parallel.bn_group_size or data
+  if data % group:
+    raise ValueError(f"--bn-group-size {group} does not divide the data axis ({data})")
+  if spatial > 1 and group != data:
+    raise ValueError("--bn-group-size with --spatial-partitions > 1: grouped batch norm runs "
+                     "only without spatial partitioning")
+  return data, spatial, group
+
+
 def check_parallel_fits(parallel: ParallelConfig, global_batch_size: int, image_size=None):
   """The checks that need the workload: batch and image divisibility (before anything runs)."""
   axes = parallel.axes()

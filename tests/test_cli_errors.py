@@ -32,7 +32,7 @@ BAD_INPUTS = [
     (["check", "{tmp}/nothing.log"], "no such log file"),
     (["check", "{tmp}/file.txt"], "has no submission_benchmark line"),
     (["describe", "resnet50", "--set", "model.width=0"], "model.width=0 is out of range"),
-    (["run", "resnet50", "--framework", "tf", "--cpu-devices", "4"], "--cpu-devices 4 with --framework tf"),
+    (["run", "resnet50", "--framework", "tf", "--cpu-devices", "4", "--mesh", "data=8"], "needs 8 devices; 4 available"),
     (["run", "resnet50", "--mesh", "gpu=2"], "bad axis 'gpu=2'"),
     (["run", "resnet50", "--mesh", "data=3"], "not divisible by the data axis (3)"),
     (["run", "resnet50", "--mesh", "data=8", "--bn-group-size", "3"], "does not divide the data axis (8)"),

@@ -126,10 +126,13 @@ def test_spatial_partitioning_matches_one_replica(single_replica):
     (dict(mesh="data=16"), "needs 16 devices; 8 available"),
     (dict(mesh="data=3"), "not divisible by the 3 data replicas"),
     (dict(mesh="data=8", bn_group_size=3), "does not divide the data axis"),
+    (dict(mesh="data=4,spatial=2", image_size=8), "must be a multiple of 16"),
 ])
 def test_impossible_meshes_are_refused(parallel, message):
   with pytest.raises(ValueError, match=message):
-    spec.SPEC.make_trainer("tf", tiny_config(**parallel), RunContext(seed=0, preset="mini"))
+    image_size = parallel.pop("image_size", 16)
+    spec.SPEC.make_trainer("tf", tiny_config(image_size, **parallel),
+                           RunContext(seed=0, preset="mini"))
 
 
 def _free_port(count=1):

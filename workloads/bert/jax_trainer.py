@@ -5,18 +5,15 @@ the data axes, parameters replicated, LAMB's moments (and the update computed fr
 sharded when weight-update sharding is on. LAMB's per-layer norms are over whole arrays, so
 GSPMD adds the cross-shard reductions and the step equals the unsharded one.
 """
-import collections
 import functools
-import math
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax.training import train_state
 
 from workloads.bert import input_pipeline, jax_model, spec
 from workloads.optim import jax_optimizers
-from workloads.parallel import jax_runtime
+from workloads.parallel.jax_trainer_base import MeshTrainer
 
 # tf.data only feeds the host here: keep TensorFlow off any GPU so JAX has all its memory.
 input_pipeline.tf.config.set_visible_devices([], "GPU")
@@ -51,34 +48,15 @@ def eval_step(state, batch):
   return jnp.stack([correct, count])
 
 
-class BertTrainer:
+class BertTrainer(MeshTrainer):
   def __init__(self, cfg, ctx):
-    self.cfg, self.ctx = cfg, ctx
-    self.runtime = runtime = jax_runtime.MeshRuntime(cfg.parallel)
-    self.num_devices = runtime.num_devices
-    self.data_replicas = runtime.data
-    self.mesh_description = runtime.description
-    self.device_kind = jax.devices()[0].device_kind
-    gbs = cfg.train.global_batch_size
-    if gbs % runtime.data:
-      raise ValueError(f"train.global_batch_size={gbs} is not divisible by the "
-                       f"{runtime.data} devices of the data axis")
+    super().__init__(cfg, ctx)
     self.data_dir, self.train_examples = input_pipeline.data_source(cfg, ctx)
     self.eval_examples = cfg.data.eval_examples
     dtype = jnp.bfloat16 if cfg.train.precision == "bfloat16" else jnp.float32
     self.model = jax_model.from_config(cfg.model, dtype)
     self.schedule = spec.schedule_for(cfg)
     self.tx = jax_optimizers.make_lamb(cfg.optimizer, self.schedule)
-    self._train_iter = self._eval_data = None
-
-  # --------------------------------------------------------------- shapes and init
-  def _eval_batch_size(self):
-    unit = math.lcm(self.runtime.data, self.runtime.process_count)
-    return math.ceil(self.cfg.data.eval_batch_size / unit) * unit
-
-  def _batch_shapes(self, batch_size, with_mask=False):
-    return {k: jax.ShapeDtypeStruct(shape, dtype, sharding=self.runtime.batch_sharding(len(shape)))
-            for k, (shape, dtype) in spec.batch_layout(self.cfg, batch_size, with_mask).items()}
 
   def init_params(self, rng):
     ids = jnp.zeros((1, self.cfg.data.max_seq_length), jnp.int32)
@@ -102,74 +80,26 @@ class BertTrainer:
           jax.eval_shape(self.init_params, rng), input_pipeline.checkpoint_path(self.cfg, self.ctx),
           self.cfg.model.num_layers)
     self.state = jax.jit(self._create_state, out_shardings=shardings)(rng, params)
-    step = functools.partial(train_step, runtime=self.runtime)
-    self._train_step = jax.jit(step, donate_argnums=0, out_shardings=(
-        shardings, self.runtime.replicated)).lower(
-            self.state, self._batch_shapes(self.cfg.train.global_batch_size)).compile()
-    self._eval_step = jax.jit(eval_step).lower(
-        self.state, self._batch_shapes(self._eval_batch_size(), with_mask=True)).compile()
+    self.compile_steps(functools.partial(train_step, runtime=self.runtime), eval_step, shardings)
 
   # --------------------------------------------------------------- data
-  def _device_batches(self, dataset):
-    queue = collections.deque()
-    for batch in dataset:
-      queue.append(self.runtime.shard_batch(batch))
-      if len(queue) == 2:
-        yield queue.popleft()
-    yield from queue
+  def batch_layout(self, batch_size, with_mask=False):
+    return spec.batch_layout(self.cfg, batch_size, with_mask)
 
-  def _synthetic_batches(self):
-    shapes = self._batch_shapes(self.cfg.train.global_batch_size)
-    batch = input_pipeline.synthetic_batch(self.cfg, self.cfg.train.global_batch_size, self.ctx.seed + 1)
-    batch = {k: jax.device_put(v, shapes[k].sharding) for k, v in batch.items()}
-    while True:
-      yield batch
+  def train_dataset(self, process_index, process_count):
+    return input_pipeline.train_dataset(
+        self.cfg, self.cfg.train.global_batch_size, seed=self.ctx.seed, data_dir=self.data_dir,
+        process_index=process_index, process_count=process_count)
 
-  def _train_batches(self):
-    if self._train_iter is None:        # first use is after run_start: no data read before
-      if self.cfg.data.source == "synthetic":
-        self._train_iter = self._synthetic_batches()
-      else:
-        ds = input_pipeline.train_dataset(
-            self.cfg, self.cfg.train.global_batch_size, seed=self.ctx.seed,
-            data_dir=self.data_dir, process_index=self.runtime.process_index,
-            process_count=self.runtime.process_count)
-        self._train_iter = self._device_batches(ds.as_numpy_iterator())
-    return self._train_iter
+  def eval_dataset(self, batch_size, process_index, process_count):
+    return input_pipeline.eval_dataset(self.cfg, batch_size, self.data_dir,
+                                       process_index=process_index, process_count=process_count)
 
-  # --------------------------------------------------------------- the Trainer API
-  def train(self, num_steps):
-    batches = self._train_batches()
-    losses = []
-    for _ in range(num_steps):
-      self.state, loss = self._train_step(self.state, next(batches))
-      losses.append(loss)
-    step = int(self.state.step)                         # the one host sync of the block
-    return {"loss": float(jnp.mean(jnp.stack(losses))),
-            "lr": float(self.schedule(step - 1)), "step": step}
-
-  def evaluate(self):
-    if self.cfg.data.source == "synthetic":
-      raise ValueError("a synthetic run has no eval split")
-    if self._eval_data is None:
-      self._eval_data = input_pipeline.eval_dataset(
-          self.cfg, self._eval_batch_size(), self.data_dir,
-          process_index=self.runtime.process_index, process_count=self.runtime.process_count)
-    totals = jnp.zeros(2)
-    for batch in self._device_batches(self._eval_data.as_numpy_iterator()):
-      totals = totals + self._eval_step(self.state, batch)
-    correct, count = np.asarray(totals)
-    return {"accuracy": float(correct / count), "count": int(round(count))}
-
-  def describe(self):
-    params = sum(math.prod(x.shape) for x in jax.tree.leaves(self.state.params))
-    cost = self._train_step.cost_analysis()
-    cost = cost[0] if isinstance(cost, (list, tuple)) else cost
-    flops = float(cost.get("flops", float("nan"))) if cost else float("nan")
-    return {"parameters": params,
-            "train_flops_per_example": flops / self.cfg.train.global_batch_size,
-            "optimizer_state_bytes_per_device": jax_runtime.per_device_bytes(self.state.opt_state),
-            "collectives_in_train_step": jax_runtime.count_collectives(self._train_step.as_text())}
+  def synthetic_batch(self):
+    gbs = self.cfg.train.global_batch_size
+    shapes = self.batch_shapes(gbs)
+    batch = input_pipeline.synthetic_batch(self.cfg, gbs, self.ctx.seed + 1)
+    return {k: jax.device_put(v, shapes[k].sharding) for k, v in batch.items()}
 
 
 def make_trainer(cfg, ctx):

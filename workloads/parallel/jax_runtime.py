@@ -14,6 +14,8 @@ import jax
 import numpy as np
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
+from harness import config
+
 DATA = ("replica", "bn")
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "collective-permute", "all-to-all")
 
@@ -32,18 +34,7 @@ class MeshRuntime:
   def __init__(self, parallel):
     initialize_multihost(parallel)
     devices = jax.devices()
-    axes = parallel.axes()
-    spatial = axes["spatial"]
-    data = axes["data"] or len(devices) // spatial
-    if data * spatial > len(devices) or data < 1:
-      raise ValueError(f"--mesh data={axes['data'] or data},spatial={spatial} needs "
-                       f"{max(data, 1) * spatial} devices; {len(devices)} available")
-    group = parallel.bn_group_size or data
-    if data % group:
-      raise ValueError(f"--bn-group-size {group} does not divide the data axis ({data})")
-    if spatial > 1 and group != data:
-      raise ValueError("--bn-group-size with --spatial-partitions > 1: grouped batch norm runs "
-                       "only without spatial partitioning")
+    data, spatial, group = config.mesh_shape(parallel, len(devices))
     self.parallel = parallel
     self.data, self.spatial, self.bn_group_size = data, spatial, group
     self.grouped_bn = group < data

@@ -27,6 +27,8 @@ import os
 import numpy as np
 import tensorflow as tf
 
+from harness import config
+
 CPU_DEVICES_ENV = "HARNESS_CPU_DEVICES"      # set by the CLI's --cpu-devices for --framework tf
 SUM = tf.distribute.ReduceOp.SUM
 
@@ -67,7 +69,6 @@ def _mirrored_strategy(devices):
 
 class StrategyRuntime:
   def __init__(self, parallel):
-    axes = parallel.axes()
     self.parallel = parallel
     self.process_index, self.process_count = parallel.process_id, parallel.num_processes
     if parallel.num_processes > 1:
@@ -87,17 +88,10 @@ class StrategyRuntime:
       devices = [d.name for d in tf.config.list_logical_devices("GPU")
                  or tf.config.list_logical_devices("CPU")]
       available = len(devices)
-    spatial = axes["spatial"]
-    data = axes["data"] or available // spatial
-    if data < 1 or data * spatial > available or (devices is None and data * spatial != available):
-      raise ValueError(f"--mesh data={axes['data'] or data},spatial={spatial} needs "
-                       f"{max(data, 1) * spatial} devices; {available} available")
-    group = parallel.bn_group_size or data
-    if data % group:
-      raise ValueError(f"--bn-group-size {group} does not divide the data axis ({data})")
-    if spatial > 1 and group != data:
-      raise ValueError("--bn-group-size with --spatial-partitions > 1: grouped batch norm runs "
-                       "only without spatial partitioning")
+    data, spatial, group = config.mesh_shape(parallel, available)
+    if devices is None and data * spatial != available:
+      raise ValueError(f"--mesh data={data},spatial={spatial}: a multi-worker TF run uses "
+                       f"every replica of every worker ({available})")
     self.num_replicas = data * spatial
     if devices is not None:
       self.strategy = (_mirrored_strategy(tuple(devices[:self.num_replicas]))

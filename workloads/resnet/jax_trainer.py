@@ -6,20 +6,17 @@ weight-update sharding is on. With global batch norm the step is plain jit (GSPM
 statistics over the whole batch); with grouped batch norm the forward/backward runs under
 shard_map, batch norm pooling statistics over the 'bn' sub-axis only.
 """
-import collections
 import functools
-import math
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 from flax.training import train_state
 from jax.sharding import PartitionSpec as P
 
 from workloads.optim import jax_optimizers, schedules
-from workloads.parallel import jax_runtime
 from workloads.parallel.jax_runtime import DATA
+from workloads.parallel.jax_trainer_base import MeshTrainer
 from workloads.resnet import input_pipeline, jax_model, spec
 
 # tf.data only feeds the host here: keep TensorFlow off any GPU so JAX has all its memory.
@@ -75,38 +72,18 @@ def eval_step(state, batch):
   return jnp.stack([correct.sum(), batch["mask"].sum()])
 
 
-class ResNetTrainer:
+class ResNetTrainer(MeshTrainer):
   def __init__(self, cfg, ctx):
-    self.cfg, self.ctx = cfg, ctx
-    self.runtime = runtime = jax_runtime.MeshRuntime(cfg.parallel)
-    self.num_devices = runtime.num_devices
-    self.data_replicas = runtime.data
-    self.mesh_description = runtime.description
-    self.device_kind = jax.devices()[0].device_kind
+    super().__init__(cfg, ctx)
     self.train_examples = cfg.data.train_examples
     self.eval_examples = cfg.data.eval_examples
-    gbs = cfg.train.global_batch_size
-    if gbs % runtime.data:
-      raise ValueError(f"train.global_batch_size={gbs} is not divisible by the "
-                       f"{runtime.data} devices of the data axis")
     dtype = jnp.bfloat16 if cfg.train.precision == "bfloat16" else jnp.float32
     self.model = jax_model.ResNet(stage_sizes=cfg.model.stage_sizes, width=cfg.model.width,
                                   num_classes=cfg.model.num_classes, dtype=dtype,
-                                  bn_axis_name="bn" if runtime.grouped_bn else None)
+                                  bn_axis_name="bn" if self.runtime.grouped_bn else None)
     self.schedule = schedules.warmup_poly_for(cfg.optimizer, cfg.train, self.train_examples)
     self.tx = jax_optimizers.make_optimizer(cfg.optimizer, self.schedule)   # one object: the
-    self._train_iter = self._eval_data = None             # state's pytree metadata must match
-
-  # --------------------------------------------------------------- shapes and init
-  def _eval_batch_size(self):
-    """cfg.data.eval_batch_size rounded up to a multiple of the data replicas and hosts."""
-    unit = math.lcm(self.runtime.data, self.runtime.process_count)
-    return math.ceil(self.cfg.data.eval_batch_size / unit) * unit
-
-  def _batch_shapes(self, batch_size, with_mask=False):
-    return {k: jax.ShapeDtypeStruct(shape, dtype, sharding=self.runtime.batch_sharding(len(shape)))
-            for k, (shape, dtype) in spec.batch_layout(self.cfg, batch_size, with_mask).items()}
-
+                                                          # state's pytree metadata must match
   def _create_state(self, rng):
     size = self.cfg.data.image_size
     variables = self.model.init(rng, jnp.zeros((1, size, size, 3)), train=False)
@@ -121,79 +98,29 @@ class ResNetTrainer:
     step = functools.partial(train_step, runtime=self.runtime,
                              num_classes=self.cfg.model.num_classes,
                              label_smoothing=self.cfg.optimizer.label_smoothing)
-    self._train_step = jax.jit(step, donate_argnums=0, out_shardings=(
-        shardings, self.runtime.replicated)).lower(
-            self.state, self._batch_shapes(self.cfg.train.global_batch_size)).compile()
-    self._eval_step = jax.jit(eval_step).lower(
-        self.state, self._batch_shapes(self._eval_batch_size(), with_mask=True)).compile()
+    self.compile_steps(step, eval_step, shardings)
 
   # --------------------------------------------------------------- data
-  def _device_batches(self, dataset):
-    """Puts host batches on the mesh two steps ahead, so the copy overlaps compute."""
-    queue = collections.deque()
-    for batch in dataset:
-      queue.append(self.runtime.shard_batch(batch))
-      if len(queue) == 2:
-        yield queue.popleft()
-    yield from queue
+  def batch_layout(self, batch_size, with_mask=False):
+    return spec.batch_layout(self.cfg, batch_size, with_mask)
 
-  def _synthetic_batches(self):
+  def train_dataset(self, process_index, process_count):
+    return input_pipeline.train_dataset(
+        self.cfg, self.cfg.train.global_batch_size, seed=self.ctx.seed,
+        data_dir=self.ctx.data_dir, process_index=process_index, process_count=process_count)
+
+  def eval_dataset(self, batch_size, process_index, process_count):
+    return input_pipeline.eval_dataset(self.cfg, batch_size, data_dir=self.ctx.data_dir,
+                                       process_index=process_index, process_count=process_count)
+
+  def synthetic_batch(self):
     gbs, size = self.cfg.train.global_batch_size, self.cfg.data.image_size
     key_img, key_lbl = jax.random.split(jax.random.key(self.ctx.seed + 1))
-    shapes = self._batch_shapes(gbs)
-    make = jax.jit(lambda: {
+    shapes = self.batch_shapes(gbs)
+    return jax.jit(lambda: {
         "image": jax.random.normal(key_img, (gbs, size, size, 3), jnp.float32),
         "label": jax.random.randint(key_lbl, (gbs,), 0, self.cfg.model.num_classes)},
-        out_shardings={k: s.sharding for k, s in shapes.items()})
-    batch = make()
-    while True:
-      yield batch
-
-  def _train_batches(self):
-    if self._train_iter is None:        # first use is after run_start: no data read before
-      if self.cfg.data.source == "synthetic":
-        self._train_iter = self._synthetic_batches()
-      else:
-        ds = input_pipeline.train_dataset(
-            self.cfg, self.cfg.train.global_batch_size, seed=self.ctx.seed,
-            data_dir=self.ctx.data_dir, process_index=self.runtime.process_index,
-            process_count=self.runtime.process_count)
-        self._train_iter = self._device_batches(ds.as_numpy_iterator())
-    return self._train_iter
-
-  # --------------------------------------------------------------- the Trainer API
-  def train(self, num_steps):
-    batches = self._train_batches()
-    losses = []
-    for _ in range(num_steps):
-      self.state, loss = self._train_step(self.state, next(batches))
-      losses.append(loss)
-    step = int(self.state.step)                         # the one host sync of the block
-    return {"loss": float(jnp.mean(jnp.stack(losses))),
-            "lr": float(self.schedule(step - 1)), "step": step}
-
-  def evaluate(self):
-    if self.cfg.data.source == "synthetic":
-      raise ValueError("a synthetic run has no eval split")
-    if self._eval_data is None:
-      self._eval_data = input_pipeline.eval_dataset(
-          self.cfg, self._eval_batch_size(), data_dir=self.ctx.data_dir,
-          process_index=self.runtime.process_index, process_count=self.runtime.process_count)
-    totals = jnp.zeros(2)
-    for batch in self._device_batches(self._eval_data.as_numpy_iterator()):
-      totals = totals + self._eval_step(self.state, batch)     # summed over all hosts
-    correct, count = np.asarray(totals)
-    return {"accuracy": float(correct / count), "count": int(round(count))}
-
-  def describe(self):
-    params = sum(math.prod(x.shape) for x in jax.tree.leaves(self.state.params))
-    cost = self._train_step.cost_analysis()
-    cost = cost[0] if isinstance(cost, (list, tuple)) else cost
-    flops = float(cost.get("flops", float("nan"))) if cost else float("nan")
-    return {"parameters": params,
-            "train_flops_per_example": flops / self.cfg.train.global_batch_size,
-            "optimizer_state_bytes_per_device": jax_runtime.per_device_bytes(self.state.opt_state),
-            "collectives_in_train_step": jax_runtime.count_collectives(self._train_step.as_text())}
+        out_shardings={k: s.sharding for k, s in shapes.items()})()
 
 
 def make_trainer(cfg, ctx):

@@ -88,15 +88,21 @@ def block_names(stage_sizes):
   return names
 
 
+def check_spatial_partitions(stage_sizes, image_size, spatial):
+  """Every layer's rows must split evenly over the `spatial` slabs (the halo exchange assumes
+  equal slabs): the image size must be a multiple of the total downsampling x spatial."""
+  stride = 2 ** (len(stage_sizes) + 1)          # stem conv, max pool, one per later stage
+  if spatial > 1 and image_size % (stride * spatial):
+    raise ValueError(f"--spatial-partitions {spatial} with image size {image_size}: the TF "
+                     f"halo exchange splits every layer's rows evenly, so the size must be a "
+                     f"multiple of {stride * spatial}")
+
+
 def resnet(stage_sizes, num_classes, width=64, image_size=224, dtype="float32", runtime=None):
   """dtype 'mixed_bfloat16' computes in bf16 with float32 variables, like the flax model.
   `runtime`: a distributed tf_runtime.StrategyRuntime, or None for one replica."""
-  if runtime is not None and runtime.spatial > 1:
-    stride = 2 ** (len(stage_sizes) + 1)          # total downsampling: stem, pool, stages
-    if image_size % (stride * runtime.spatial):
-      raise ValueError(f"--spatial-partitions {runtime.spatial} with image size {image_size}: "
-                       f"TF splits every layer's rows evenly, so the size must be a multiple "
-                       f"of {stride * runtime.spatial}")
+  if runtime is not None:
+    check_spatial_partitions(stage_sizes, image_size, runtime.spatial)
   lay = _Layers(runtime, dtype)
   rows = image_size // (runtime.spatial if runtime is not None else 1)
   inputs = keras.Input((rows, image_size, 3), dtype="float32")

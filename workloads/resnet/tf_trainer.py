@@ -21,6 +21,8 @@ def cross_entropy_sum(logits, labels, num_classes, label_smoothing):
 class ResNetTrainer(StrategyTrainer):
   def __init__(self, cfg, ctx):
     super().__init__(cfg, ctx)
+    tf_model.check_spatial_partitions(cfg.model.stage_sizes, cfg.data.image_size,
+                                      self.runtime.spatial)
     self.train_examples = cfg.data.train_examples
     self.eval_examples = cfg.data.eval_examples
     self.schedule = schedules.warmup_poly_for(cfg.optimizer, cfg.train, self.train_examples)
