@@ -241,13 +241,14 @@ def cmd_describe(args):
     trainer = spec.make_trainer(args.framework, small, RunContext(seed=0, preset=args.preset))
   except ValueError as e:
     raise UsageError(str(e)) from None
-  trainer.init()
-  info = trainer.describe()
+  info = trainer.describe()               # builds (and compiles, where it must) what it needs
   opt = cfg.optimizer
   print(f"workload:                 {spec.name} ({spec.title}), {args.framework}, "
         f"preset {args.preset}")
   print(f"parameters:               {info['parameters']:,}")
-  print(f"train FLOPs per example:  {info['train_flops_per_example']:.4g}")
+  flops = info.get("train_flops_per_example")
+  print("train FLOPs per example:  " + (f"{flops:.4g}" if flops is not None else
+                                        "not profiled across TF replicas (describe on 1 device)"))
   print(f"global batch size:        {gbs}")
   print(f"optimizer:                {opt.summary()}")
   print(f"precision:                {cfg.train.precision}")

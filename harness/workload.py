@@ -41,8 +41,9 @@ class Trainer(Protocol):
     """The quality metric over the whole eval split: {'accuracy': float, 'count': int}."""
 
   def describe(self) -> dict:
-    """{'parameters': int, 'train_flops_per_example': float, ...} from the compiled program
-    (the JAX trainer adds optimizer-state bytes per device and collectives by kind)."""
+    """{'parameters': int, 'train_flops_per_example': float, 'optimizer_state_bytes_per_device':
+    int, 'collectives_in_train_step': {kind: count}} from the step program; may be called
+    before init (it builds what it needs)."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -105,6 +105,9 @@ class MeshTrainer:
     return {"accuracy": float(correct / count), "count": int(round(count))}
 
   def describe(self):
+    """The compiled step's cost analysis and HLO (init compiles it, if not done yet)."""
+    if not hasattr(self, "_train_step"):
+      self.init()
     params = sum(math.prod(x.shape) for x in jax.tree.leaves(self.state.params))
     cost = self._train_step.cost_analysis()
     cost = cost[0] if isinstance(cost, (list, tuple)) else cost

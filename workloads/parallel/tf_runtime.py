@@ -103,7 +103,9 @@ class StrategyRuntime:
     self.data, self.spatial = data, spatial
     self.bn_group_size = group * spatial            # replicas pooling batch-norm statistics
     self.weight_update_sharding = parallel.weight_update_sharding and self.num_replicas > 1
-    self.collective_calls = {}                      # per traced replica step, by kind
+    # tf.distribute collectives issued by the traced step, by kind (those of their
+    # gradients, which tf.distribute adds in the backward pass, not counted)
+    self.collective_calls = {}
 
   @property
   def distributed(self):

@@ -166,6 +166,10 @@ class StrategyTrainer:
     return {"accuracy": float(correct / count), "count": int(round(count))}
 
   def describe(self):
+    """Works before init: one replica needs only the built model and the traced (not compiled
+    or run) step; several need the traced loop, whose collectives it counts."""
+    if not hasattr(self, "model"):
+      self.init() if self.runtime.distributed else self.build()
     params = int(sum(np.prod(v.shape) for v in self.model.trainable_variables))
     out = {"parameters": params}
     if not self.runtime.distributed:
@@ -175,8 +179,10 @@ class StrategyTrainer:
         self.sharded.state_bytes_per_replica() if self.sharded is not None else
         int(sum(np.prod(v.shape) * np.dtype(v.dtype).itemsize for v in self.optimizer.variables
                 if v is not self.optimizer.iterations)))
-    if self.runtime.collective_calls:
-      out["collectives_in_train_step"] = dict(self.runtime.collective_calls)
+    if self.runtime.collective_calls:     # counted while tracing, once per replica
+      n = self.runtime.num_replicas
+      out["collectives_in_train_step"] = {k: v // n for k, v in
+                                          self.runtime.collective_calls.items()}
     return out
 
 
