@@ -124,6 +124,21 @@ def test_mini_on_8_devices_grouped_bn_weight_update_sharding(cli, tmp_path):
   assert cli("check", row["log_path"]).returncode == 0
 
 
+def test_tf_on_2_logical_devices_local_bn_weight_update_sharding(cli, tmp_path):
+  """The TF distributed path through the CLI and the driver: the mini target on 2 replicas
+  with local batch norm and weight-update sharding; the log passes the checker."""
+  results_csv = tmp_path / "results.csv"
+  proc = cli("run", "resnet50", "--framework", "tf", "--seed", "0", "--cpu-devices", "2",
+             "--bn-group-size", "1", "--weight-update-sharding",
+             "--results", str(results_csv), "--log-dir", str(tmp_path / "logs"))
+  assert proc.returncode == 0, proc.stdout + proc.stderr
+  row = pd.read_csv(results_csv).iloc[0]
+  assert row["status"] == "success" and row["num_devices"] == 2 and row["mesh"] == "data=2"
+  span = next(e for e in _log_events(row["log_path"]) if e["key"] == "model_bn_span")
+  assert span["value"] == 64 // 2                      # local: one replica's 32 examples
+  assert cli("check", row["log_path"]).returncode == 0
+
+
 def test_run_benchmark_launched_once_per_process(tmp_path):
   """Two processes on 127.0.0.1, as the README shows; process 0 writes the log and the row."""
   import os
