@@ -9,12 +9,14 @@ jax_optimizers.py (see its docstring for the MLPerf LARS formula):
 Which variables are kernels comes from `tf_model.decayed_variables` (layer roles) through Keras'
 `exclude_from_weight_decay(var_list=...)`. Keras' built-in SGD puts lr inside the momentum
 (v = m*v - lr*g), which differs from the MLPerf reference's MomentumOptimizer once lr changes,
-so SGD is implemented here too.
+so SGD is implemented here too; MLPerfLamb is the BERT reference's LAMB.
+
+Each update formula is one function (`momentum_update`, `lamb_update`) that the per-variable
+Keras `update_step` and the flat weight-update-sharding rule (`flat_update_rule`, used by
+tf_runtime.ShardedUpdate on slices of many variables) both call.
 """
 import keras
 from keras import ops
-
-from workloads.optim import schedules
 
 
 class KerasSchedule(keras.optimizers.schedules.LearningRateSchedule):
