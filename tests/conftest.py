@@ -1,4 +1,5 @@
 import os
+import socket
 import subprocess
 import sys
 
@@ -33,3 +34,36 @@ def run_cli(*args, cwd=None, timeout=600):
 @pytest.fixture
 def cli():
   return run_cli
+
+
+def free_port(count=1):
+  """A base port on 127.0.0.1 with `count` free ports from it (TF workers listen on base + i)."""
+  while True:
+    with socket.socket() as s:
+      s.bind(("127.0.0.1", 0))
+      base = s.getsockname()[1]
+    try:
+      for i in range(1, count):
+        with socket.socket() as s:
+          s.bind(("127.0.0.1", base + i))
+      return base
+    except OSError:
+      continue
+
+
+def start_worker(script, out, processes, pid, port, devices, *extra):
+  """One process of a multi-process test run: tests/SCRIPT OUT PROCESSES PID PORT DEVICES."""
+  return subprocess.Popen([sys.executable, os.path.join(ROOT, "tests", script), str(out),
+                           str(processes), str(pid), str(port), str(devices), *extra],
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
+                          env=clean_env())
+
+
+def assert_same_saved_run(multi_path, one_path, count):
+  """The .npz a multi-process run saved equals the single-process one: count, accuracy, arrays."""
+  import numpy as np
+  multi, one = np.load(multi_path), np.load(one_path)
+  assert int(multi["count"]) == int(one["count"]) == count
+  assert float(multi["accuracy"]) == pytest.approx(float(one["accuracy"]))
+  for key in one.files:
+    np.testing.assert_allclose(multi[key], one[key], rtol=1e-5, atol=1e-6, err_msg=key)

@@ -1,9 +1,5 @@
 """The TF distributed runtime (tf.distribute) on 8 logical CPU devices: each feature against
 the single-replica run (or a hand-computed reference), over several optimizer steps."""
-import os
-import socket
-import subprocess
-import sys
 import time
 
 import keras
@@ -13,7 +9,7 @@ import tensorflow as tf
 
 from harness import config
 from harness.workload import RunContext
-from tests.conftest import ROOT, clean_env
+from tests.conftest import assert_same_saved_run, free_port, start_worker
 from workloads.resnet import input_pipeline, spec
 
 
@@ -135,47 +131,25 @@ def test_impossible_meshes_are_refused(parallel, message):
                            RunContext(seed=0, preset="mini"))
 
 
-def _free_port(count=1):
-  """A base port with `count` free ports above it (workers listen on base + i)."""
-  while True:
-    with socket.socket() as s:
-      s.bind(("127.0.0.1", 0))
-      base = s.getsockname()[1]
-    try:
-      for i in range(1, count):
-        with socket.socket() as s:
-          s.bind(("127.0.0.1", base + i))
-      return base
-    except OSError:
-      continue
-
-
-def _worker(out, processes, pid, port, devices, *extra):
-  return subprocess.Popen([sys.executable, os.path.join(ROOT, "tests", "tf_multiworker_worker.py"),
-                           str(out), str(processes), str(pid), str(port), str(devices), *extra],
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
-                          env=clean_env())
+def _worker(*args):
+  return start_worker("tf_multiworker_worker.py", *args)
 
 
 @pytest.mark.slow
 def test_two_workers_equal_one_process_with_two_replicas(tmp_path):
-  port = _free_port(2)
+  port = free_port(2)
   procs = [_worker(tmp_path / "multi.npz", 2, i, port, 1) for i in range(2)]
   outputs = [p.communicate(timeout=400)[0] for p in procs]
   assert [p.returncode for p in procs] == [0, 0], "\n".join(o[-3000:] for o in outputs)
-  single = _worker(tmp_path / "single.npz", 1, 0, _free_port(), 2)
+  single = _worker(tmp_path / "single.npz", 1, 0, free_port(), 2)
   out = single.communicate(timeout=400)[0]
   assert single.returncode == 0, out[-3000:]
-  multi, one = np.load(tmp_path / "multi.npz"), np.load(tmp_path / "single.npz")
-  assert int(multi["count"]) == int(one["count"]) == 40
-  assert float(multi["accuracy"]) == pytest.approx(float(one["accuracy"]))
-  for key in one.files:
-    np.testing.assert_allclose(multi[key], one[key], rtol=1e-5, atol=1e-6, err_msg=key)
+  assert_same_saved_run(tmp_path / "multi.npz", tmp_path / "single.npz", count=40)
 
 
 @pytest.mark.slow
 def test_a_dead_worker_ends_the_other_with_an_error(tmp_path):
-  port = _free_port(2)
+  port = free_port(2)
   start = time.time()
   survivor = _worker(tmp_path / "x.npz", 2, 0, port, 1)
   dying = _worker(tmp_path / "x.npz", 2, 1, port, 1, "--die")

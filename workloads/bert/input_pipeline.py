@@ -23,7 +23,7 @@ import numpy as np
 import tensorflow as tf
 
 from workloads.bert import spec
-from workloads.resnet.input_pipeline import eval_batches_per_host, pad_and_batch
+from workloads.resnet.input_pipeline import eval_batches_per_host, host_slice, pad_and_batch
 
 PAD, UNK, CLS, SEP, MASK = 0, 1, 2, 3, 4         # the mini vocabulary's special tokens
 FIRST_WORD = 5
@@ -235,11 +235,8 @@ def mini_train(data_cfg, data_dir, global_batch_size, seed, process_index=0, pro
   ds = ds.repeat().shuffle(data_cfg.shuffle_buffer, seed=seed)
   ds = ds.map(lambda s: parse(s, data_cfg), num_parallel_calls=tf.data.AUTOTUNE)
   ds = ds.batch(global_batch_size, drop_remainder=True)
-  if process_count > 1:
-    host = global_batch_size // process_count
-    ds = ds.map(lambda b: {k: v[process_index * host:(process_index + 1) * host]
-                           for k, v in b.items()})
-  return ds.prefetch(tf.data.AUTOTUNE)
+  return host_slice(ds, global_batch_size, process_index, process_count).prefetch(
+      tf.data.AUTOTUNE)
 
 
 # ----------------------------------------------------------------------------- entry points

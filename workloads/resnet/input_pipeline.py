@@ -97,6 +97,15 @@ def imagenet_eval(data_cfg, global_batch_size, data_dir, process_index=0, proces
   return pad_and_batch(ds, host_batch_size, steps).prefetch(tf.data.AUTOTUNE)
 
 
+def host_slice(ds, global_batch_size, process_index, process_count):
+  """This host's contiguous slice of every global batch (replica order: host 0 first)."""
+  if process_count == 1:
+    return ds
+  host = global_batch_size // process_count
+  return ds.map(lambda b: {k: v[process_index * host:(process_index + 1) * host]
+                           for k, v in b.items()})
+
+
 def pad_and_batch(ds, batch_size, num_batches=None):
   """Batches an eval split, padding with mask=0 examples to full batches. With num_batches,
   pads (or would truncate) to exactly that many batches, so every host runs the same number of
@@ -156,11 +165,8 @@ def mini_train(data_cfg, num_classes, global_batch_size, seed, process_index=0, 
       ex["image"], seed=tf.stack([tf.cast(seed, tf.int64), i]))},
               num_parallel_calls=tf.data.AUTOTUNE)
   ds = ds.batch(global_batch_size, drop_remainder=True)
-  if process_count > 1:
-    host = global_batch_size // process_count
-    ds = ds.map(lambda b: {k: v[process_index * host:(process_index + 1) * host]
-                           for k, v in b.items()})
-  return ds.prefetch(tf.data.AUTOTUNE)
+  return host_slice(ds, global_batch_size, process_index, process_count).prefetch(
+      tf.data.AUTOTUNE)
 
 
 def mini_eval(data_cfg, num_classes, global_batch_size, process_index=0, process_count=1):
