@@ -45,7 +45,7 @@ class MeshTrainer:
     if gbs % runtime.data:
       raise ValueError(f"train.global_batch_size={gbs} is not divisible by the "
                        f"{runtime.data} devices of the data axis")
-    self._train_iter = None
+    self._train_iter = self._eval_data = None
 
   def eval_batch_size(self):
     """cfg.data.eval_batch_size rounded up to a multiple of the data replicas and hosts."""
@@ -96,10 +96,11 @@ class MeshTrainer:
   def evaluate(self):
     if self.cfg.data.source == "synthetic":
       raise ValueError("a synthetic run has no eval split")
-    dataset = self.eval_dataset(self.eval_batch_size(), self.runtime.process_index,
-                                self.runtime.process_count)
+    if self._eval_data is None:         # built once: its .cache() then serves every eval
+      self._eval_data = self.eval_dataset(self.eval_batch_size(), self.runtime.process_index,
+                                          self.runtime.process_count)
     totals = jnp.zeros(2)
-    for batch in self._device_batches(dataset.as_numpy_iterator()):
+    for batch in self._device_batches(self._eval_data.as_numpy_iterator()):
       totals = totals + self._eval_step(self.state, batch)     # summed over all hosts
     correct, count = np.asarray(totals)
     return {"accuracy": float(correct / count), "count": int(round(count))}

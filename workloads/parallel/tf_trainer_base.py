@@ -66,7 +66,7 @@ class StrategyTrainer:
     self.device_kind = (tf.config.experimental.get_device_details(
         tf.config.list_physical_devices("GPU")[0]).get("device_name", "GPU") if gpus else "cpu")
     self.sharded = None
-    self._train_iter = None
+    self._train_iter = self._eval_data = None
 
   def build(self):
     """The model and optimizer, without compiling the steps (parity tests use this)."""
@@ -160,8 +160,10 @@ class StrategyTrainer:
     if self.cfg.data.source == "synthetic":
       raise ValueError("a synthetic run has no eval split")
     eval_bs = self.eval_batch_size()
-    make = lambda i, n: self.eval_dataset(eval_bs, i, n)
-    correct, count = self._eval_loop(self._distributed(make, eval_bs),
+    if self._eval_data is None:         # built once: its .cache() then serves every eval
+      make = lambda i, n: self.eval_dataset(eval_bs, i, n)
+      self._eval_data = self.runtime.distribute(make, eval_bs)
+    correct, count = self._eval_loop(iter(self._eval_data),
                                      tf.constant(self.eval_batches(eval_bs))).numpy()
     return {"accuracy": float(correct / count), "count": int(round(count))}
 
