@@ -7,8 +7,8 @@ import argparse
 import os
 import sys
 
+from harness import cadence, mesh, registry, rules
 from harness import config as config_lib
-from harness import registry, rules
 from harness.errors import EXIT_USAGE, UsageError
 
 
@@ -50,15 +50,17 @@ def _add_workload_args(p, with_framework=True):
     p.add_argument("--framework", default="jax", choices=config_lib.FRAMEWORKS)
   p.add_argument("--preset", default="mini", choices=config_lib.PRESETS,
                  help="mini: scaled-down model on generated data (default); reference: the "
-                      "MLPerf recipe on the real dataset; synthetic: throughput on random data")
+                      "MLPerf recipe on the real dataset; synthetic: throughput on random data; "
+                      "tiny: the smallest config (tests)")
   p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                  help="override a config value, e.g. train.global_batch_size=128 (repeatable)")
   p.add_argument("--cpu-devices", type=_positive_int, metavar="N",
                  help="simulate N devices on a CPU host (JAX: XLA host devices; TF: logical "
                       "CPU devices)")
   g = p.add_argument_group("distribution (config keys parallel.*)")
-  g.add_argument("--mesh", metavar="AXES", help="mesh axis sizes, e.g. data=8 or "
-                 "data=4,spatial=2 (default: all devices on data)")
+  g.add_argument("--mesh", metavar="AXES", help="mesh axis sizes by name (" +
+                 ", ".join(mesh.AXES) + "), e.g. data=8, data=4,spatial=2 or data=2,model=4 "
+                 "(default: all devices on data)")
   g.add_argument("--bn-group-size", type=_positive_int, metavar="K",
                  help="data replicas whose batch-norm statistics are pooled (default: all)")
   g.add_argument("--weight-update-sharding", action="store_true",
@@ -128,15 +130,6 @@ def build_parser():
 
 # ----------------------------------------------------------------------------- commands
 
-def _check_mesh_fits_cpu_devices(parallel, cpu_devices):
-  """With simulated devices the count is known before any framework loads: check it here."""
-  axes = parallel.axes()
-  needed = max(axes["data"], 1) * axes["spatial"]
-  if cpu_devices and needed > cpu_devices:
-    raise UsageError(f"--mesh data={axes['data']},spatial={axes['spatial']} needs {needed} "
-                     f"devices; {cpu_devices} available (--cpu-devices)")
-
-
 def _prepare_devices(framework, cpu_devices):
   """Must run before the framework is imported: simulated CPU devices are fixed at import."""
   if cpu_devices and framework == "tf":             # read by workloads/parallel/tf_runtime.py
@@ -156,17 +149,19 @@ _PARALLEL_FLAGS = {"mesh": "mesh", "bn_group_size": "bn_group_size",
 
 
 def _workload_config(args):
+  """The run's config (preset, --set, flags, derived values) and the one mesh fit check,
+  all before any framework is imported."""
   spec = registry.get(args.workload)
-  cfg = spec.config(args.preset)
   overrides = list(args.overrides)
   for flag, key in _PARALLEL_FLAGS.items():
     if getattr(args, flag) is not None:
       overrides.append(f"parallel.{key}={getattr(args, flag)}")
   if args.weight_update_sharding:
     overrides.append("parallel.weight_update_sharding=true")
-  config_lib.apply_overrides(cfg, overrides)
-  config_lib.check_parallel_fits(cfg.parallel, cfg.train.global_batch_size,
-                                 getattr(getattr(cfg, "data", None), "image_size", None))
+  cfg = spec.configure(args.preset, overrides)
+  mesh.check_fits(cfg.parallel, framework=args.framework, workload=spec.name,
+                  workload_axes=spec.mesh_axes, global_batch_size=cfg.train.global_batch_size,
+                  dims=spec.split_dims(cfg), devices=args.cpu_devices)
   return spec, cfg
 
 
@@ -193,7 +188,6 @@ def cmd_run(args):
   if cfg.parallel.num_processes > 1 and args.seed is None:
     raise UsageError("a multi-host run needs --seed (every process must build the same "
                      "initial weights); allowed: the same integer on every process")
-  _check_mesh_fits_cpu_devices(cfg.parallel, args.cpu_devices)
   _prepare_devices(args.framework, args.cpu_devices)
   opts = driver.RunOptions(primary=cfg.parallel.process_id == 0, framework=args.framework,
                            preset=args.preset, runs=args.runs, seed=args.seed,
@@ -219,14 +213,14 @@ def cmd_list(_):
     spec = registry.get(name)
     target = rules.load(spec.mlperf_benchmark).target
     print(f"  {name:12s} {spec.title} (MLPerf '{spec.mlperf_benchmark}', {spec.metric_name} "
-          f">= {target}); frameworks: {', '.join(spec.trainer_modules)}; "
+          f"{'>=' if spec.metric.higher_is_better else '<='} {target:g} {spec.metric.units}); "
+          f"mesh axes: {', '.join(spec.mesh_axes)}; frameworks: {', '.join(spec.trainer_modules)}; "
           f"presets: {', '.join(spec.presets)}")
   return 0
 
 
 def cmd_describe(args):
   spec, cfg = _workload_config(args)
-  _check_mesh_fits_cpu_devices(cfg.parallel, args.cpu_devices)
   _prepare_devices(args.framework, args.cpu_devices)
   import copy
   from harness.workload import RunContext
@@ -252,11 +246,16 @@ def cmd_describe(args):
   print(f"global batch size:        {gbs}")
   print(f"optimizer:                {opt.summary()}")
   print(f"precision:                {cfg.train.precision}")
-  train = cfg.train
-  cadence = (f"eval every {train.eval_every_samples} samples, budget {train.max_samples} samples"
-             if train.eval_every_samples else
-             f"eval every {train.eval_every_epochs} epochs, budget {train.max_epochs}")
-  print(f"target:                   {spec.metric_name} >= {train.target} ({cadence})")
+  metric = spec.metric
+  print(f"target:                   {metric.name} {'>=' if metric.higher_is_better else '<='} "
+        f"{cfg.train.target:g} ({metric.units}; logged as eval_accuracy "
+        f"{metric.logged(cfg.train.target):g})")
+  print(f"eval schedule:            {cadence.describe(cfg.train)}")
+  derived = {k: v for k, v in config_lib.flatten(cfg).items()
+             if k in _derived_keys(spec, args.preset, args.overrides)}
+  if derived:
+    print("derived after --set:      " + ", ".join(f"{k}={v:,}" if isinstance(v, int) else
+                                                   f"{k}={v}" for k, v in derived.items()))
   print(f"mesh:                     {trainer.mesh_description}")
   if "optimizer_state_bytes_per_device" in info:
     print(f"optimizer state / device: {info['optimizer_state_bytes_per_device']:,} bytes")
@@ -265,6 +264,18 @@ def cmd_describe(args):
     print("collectives in the step:  " + (", ".join(f"{k} {v}" for k, v in sorted(kinds.items()))
                                          or "none"))
   return 0
+
+
+def _derived_keys(spec, preset, overrides):
+  """The keys spec.derive fills for this preset: those the preset leaves unset and no --set
+  gives."""
+  if spec.derive is None:
+    return set()
+  before = config_lib.flatten(spec.config(preset))
+  cfg = spec.config(preset)
+  spec.derive(cfg)
+  given = {item.partition("=")[0].strip() for item in overrides}
+  return {k for k, v in config_lib.flatten(cfg).items() if v != before[k] and k not in given}
 
 
 def cmd_summarize(args):

@@ -16,7 +16,7 @@ import time
 import traceback
 import uuid
 
-from harness import results
+from harness import cadence, results
 from harness.mllog import RunLog, constants as C
 
 # Dense peak FLOP/s per device for MFU, by device_kind substring and precision.
@@ -41,32 +41,6 @@ class RunOptions:
   system: str = ""
   echo_log: bool = False
   primary: bool = True             # multi-host: only process 0 writes the log and the row
-
-
-def blocks(max_epochs, eval_every, eval_offset):
-  """[(first_epoch_num, epoch_count)]: eval after each block (MLPerf eval cadence)."""
-  out, epoch = [], 0
-  count = eval_every - eval_offset
-  while epoch < max_epochs:
-    count = min(count, max_epochs - epoch)
-    out.append((epoch, count))
-    epoch += count
-    count = eval_every
-  return out
-
-
-def sample_blocks(max_samples, eval_every, global_batch_size):
-  """[(first_step, step_count)]: eval after each block, at every multiple of eval_every samples
-  rounded up to whole batches (MLPerf BERT: "may be rounded up to the nearest batch size")."""
-  total = math.ceil(max_samples / global_batch_size)
-  out, done, k = [], 0, 1
-  while done < total:
-    end = min(math.ceil(k * eval_every / global_batch_size), total)
-    if end > done:
-      out.append((done, end - done))
-      done = end
-    k += 1
-  return out
 
 
 def _git_commit():
@@ -143,9 +117,7 @@ class Run:
     gbs = cfg.train.global_batch_size
     synthetic = opts.preset == "synthetic"
     per_epoch = math.ceil(trainer.train_examples / gbs)
-    max_steps = cfg.train.max_epochs * per_epoch
-    if cfg.train.eval_every_samples:
-      max_steps = math.ceil(cfg.train.max_samples / gbs)
+    max_steps = cadence.budget_steps(cfg.train, per_epoch)
     if synthetic:
       max_steps = opts.steps or cfg.train.synthetic_steps
     elif opts.steps:
@@ -210,24 +182,13 @@ class Run:
     row["status"] = C.SUCCESS
     self._print(f"{steps} steps | {row['throughput']:.1f} samples/s | loss {metrics['loss']:.4f}")
 
-  def _plan(self, per_epoch, max_steps):
-    """[(end_step, first, count)]: the global step after which each eval runs, and the block's
-    first_epoch_num / epoch_count metadata in the cadence's unit (epochs, or samples)."""
-    train, gbs = self.cfg.train, self.cfg.train.global_batch_size
-    if train.eval_every_samples:
-      return [(min(first + count, max_steps), first * gbs, count * gbs)
-              for first, count in sample_blocks(train.max_samples, train.eval_every_samples, gbs)]
-    return [(min((first + count) * per_epoch, max_steps), first, count)
-            for first, count in blocks(train.max_epochs, train.eval_every_epochs,
-                                       train.eval_offset_epochs)]
-
   def _train_to_target(self, log, per_epoch, max_steps, row):
-    cfg, trainer = self.cfg, self.trainer
+    cfg, trainer, metric = self.cfg, self.trainer, self.spec.metric
     gbs, target = cfg.train.global_batch_size, cfg.train.target
-    by_samples = bool(cfg.train.eval_every_samples)
+    by_samples = cadence.kind(cfg.train) == cadence.EVERY_SAMPLES
     steps_done, train_time = 0, 0.0
     run_start = time.time()
-    for end_step, first, count in self._plan(per_epoch, max_steps):
+    for end_step, first, count in cadence.plan(cfg.train, per_epoch, max_steps):
       block_steps = end_step - steps_done
       if block_steps <= 0:
         break
@@ -246,19 +207,19 @@ class Run:
         progress = f"samples {epoch_num}/{cfg.train.max_samples}"
       else:
         epoch_num = min(first + count, math.ceil(epoch))   # less if --steps cut the block
-        progress = f"epoch {epoch:g}/{cfg.train.max_epochs}"
+        progress = f"epoch {epoch:g}/{cfg.train.max_epochs:g}"
       log.start(C.EVAL_START, epoch_num=epoch_num)
-      accuracy = trainer.evaluate()["accuracy"]
-      log.event(C.EVAL_ACCURACY, accuracy, epoch_num=epoch_num)
+      value = trainer.evaluate()[metric.name]
+      log.event(C.EVAL_ACCURACY, metric.logged(value), epoch_num=epoch_num)
       log.end(C.EVAL_STOP, epoch_num=epoch_num)
       log.end(C.BLOCK_STOP, first_epoch_num=first, epoch_count=count)
-      row.update(metric=accuracy, epochs=epoch, samples=steps_done * gbs,
+      row.update(metric=value, epochs=epoch, samples=steps_done * gbs,
                  throughput=steps_done * gbs / train_time)
       self._print(f"{progress} | {steps_done * gbs / train_time:.1f}"
                   f" samples/s | loss {metrics['loss']:.4f} | lr {metrics['lr']:.4g} | "
-                  f"{self.spec.metric_name} {accuracy:.4f} (target {target}) | "
+                  f"{metric.name} {value:.4f} (target {target:g}) | "
                   f"elapsed {time.time() - run_start:.1f}s")
-      if accuracy >= target:
+      if metric.reached(value, target):
         row["status"] = C.SUCCESS
         return
     row["abort_reason"] = (f"target {target} not reached within {steps_done} steps "

@@ -7,7 +7,7 @@ import dataclasses
 import importlib
 from typing import Any, Callable, Protocol
 
-from harness.config import FRAMEWORKS
+from harness.config import FRAMEWORKS, apply_overrides, validate_tree
 from harness.errors import UsageError
 
 
@@ -38,7 +38,8 @@ class Trainer(Protocol):
     """Runs num_steps steps; one host sync at the end; returns {'loss': float, 'lr': float}."""
 
   def evaluate(self) -> dict:
-    """The quality metric over the whole eval split: {'accuracy': float, 'count': int}."""
+    """The quality metric over the whole eval split: {spec.metric.name: float, 'count': int}
+    (three phases in the base trainers: device eval_step, host accumulate, finalize)."""
 
   def describe(self) -> dict:
     """{'parameters': int, 'train_flops_per_example': float, 'optimizer_state_bytes_per_device':
@@ -47,23 +48,72 @@ class Trainer(Protocol):
 
 
 @dataclasses.dataclass(frozen=True)
+class Metric:
+  """A workload's quality metric. Targets (rules/, --set train.target) are in its own units;
+  MLPerf logs `eval_accuracy` as value * log_scale (BLEU 25.0 is logged as 0.25)."""
+  name: str                       # the key evaluate() returns: top1_accuracy, bleu, box_map
+  units: str                      # how a user reads it: "fraction", "BLEU points"
+  low: float = 0.0                # a target must lie in (low, high): MLPerf's checker wants
+  high: float = 1.0               # eval_accuracy < 1.0, so a fraction's target is below 1
+  log_scale: float = 1.0
+  higher_is_better: bool = True
+
+  def check_target(self, target: float, key: str = "train.target"):
+    if not self.low < target < self.high:
+      raise UsageError(f"{key}={target!r} is out of range for {self.name} ({self.units}); "
+                       f"allowed: {self.low:g} < target < {self.high:g}")
+
+  def reached(self, value: float, target: float) -> bool:
+    return value >= target if self.higher_is_better else value <= target
+
+  def logged(self, value: float) -> float:
+    return value * self.log_scale
+
+
+TOP1 = Metric("top1_accuracy", "fraction")
+
+
+@dataclasses.dataclass(frozen=True)
 class WorkloadSpec:
   name: str                                  # what users type: resnet50
   mlperf_benchmark: str                      # submission_benchmark and rules/<name>.yaml
   title: str
-  metric_name: str
+  metric: Metric
   presets: dict[str, Callable[[], Any]]      # preset -> config tree (dataclasses)
   trainer_modules: dict[str, str]            # framework -> module with make_trainer(cfg, ctx)
   mllog_hyperparameters: Callable[[Any, int], dict]   # (cfg, train_examples) -> {key: value}
   bn_span: Callable[[Any, int], int] | None = None    # (cfg, num_devices) -> model_bn_span
+  # Hyperparameters that follow from others (eval interval from the batch, decay steps from
+  # the sample budget): filled in place after --set, only where the config leaves them 0.
+  derive: Callable[[Any], None] | None = None
+  # Mesh axes the model has logical dimensions on, and the sizes of the logical dimensions a
+  # mesh axis may split ({'height': 224}), for the fit check before any framework loads.
+  mesh_axes: tuple[str, ...] = ("data",)
+  split_dims: Callable[[Any], dict] = lambda cfg: {}
+  param_axes: tuple = ()                     # ((path regex, logical axes), ...) every parameter
   needs_data_dir: tuple[str, ...] = ("reference",)
   data_dir_contents: str = "a tensorflow-datasets data dir holding imagenet2012"
+
+  @property
+  def metric_name(self) -> str:
+    return self.metric.name
 
   def config(self, preset: str):
     if preset not in self.presets:
       raise UsageError(f"unknown preset {preset!r} for {self.name}; choose one of: "
                        f"{', '.join(self.presets)}")
     return self.presets[preset]()
+
+  def configure(self, preset: str, overrides=()):
+    """The run's config: the preset, then --set overrides, then the derived values, then
+    validation (every key, and the target in the metric's units)."""
+    cfg = self.config(preset)
+    apply_overrides(cfg, list(overrides))
+    if self.derive is not None:
+      self.derive(cfg)
+      validate_tree(cfg)
+    self.metric.check_target(cfg.train.target)
+    return cfg
 
   def make_trainer(self, framework: str, cfg, ctx: RunContext) -> Trainer:
     if framework not in self.trainer_modules:
@@ -72,5 +122,3 @@ class WorkloadSpec:
                        f"available: {have} (known frameworks: {', '.join(FRAMEWORKS)})")
     module = importlib.import_module(self.trainer_modules[framework])
     return module.make_trainer(cfg, ctx)
-
-

@@ -29,6 +29,6 @@ if int(process_id) == 0:
   import jax
   flat = {"/".join(str(k.key) for k in path): np.asarray(jax.device_get(v))
           for path, v in jax.tree_util.tree_leaves_with_path(trainer.state.params)}
-  np.savez(out, loss=metrics["loss"], accuracy=evaluation["accuracy"],
+  np.savez(out, loss=metrics["loss"], accuracy=evaluation["top1_accuracy"],
            count=evaluation["count"], **flat)
 print("worker done", process_id, flush=True)

@@ -13,6 +13,7 @@ import pytest
 import tensorflow as tf
 
 from workloads.bert import checkpoint, jax_model, spec, tf_model, tf_trainer
+from workloads.optim.configs import LambConfig
 from workloads.optim import jax_optimizers, schedules, tf_optimizers
 
 TINY = spec.ModelConfig(vocab_size=50, hidden_size=32, num_layers=2, num_heads=4,
@@ -190,7 +191,7 @@ def test_loss_and_gradients_agree(models):
 
 def test_lamb_training_steps_agree(models):
   flax_model, params, _, batch = models
-  lamb = spec.LambConfig(base_learning_rate=0.01, training_steps=10, warmup_steps=2)
+  lamb = LambConfig(base_learning_rate=0.01, training_steps=10, warmup_steps=2)
   schedule = schedules.BertLambSchedule(0.01, 10, 2)
   tx = jax_optimizers.make_lamb(lamb, schedule)
   keras_model = tf_model.build(TINY, SEQ, PREDS)

@@ -5,7 +5,7 @@ import math
 
 import pandas as pd
 
-from harness import compliance, driver
+from harness import cadence, compliance, driver
 from workloads.resnet import spec
 
 
@@ -13,8 +13,8 @@ class ScriptedTrainer:
   """Returns a given accuracy after each eval; counts the steps it is asked to run."""
   num_devices, data_replicas, device_kind, mesh_description = 1, 1, "scripted", "data=1"
 
-  def __init__(self, accuracies, losses=None, fail_at_eval=None):
-    self.accuracies, self.losses = list(accuracies), losses
+  def __init__(self, accuracies, losses=None, fail_at_eval=None, metric="top1_accuracy"):
+    self.accuracies, self.losses, self.metric = list(accuracies), losses, metric
     self.fail_at_eval = fail_at_eval
     self.steps, self.evals, self.initialised, self.train_examples = [], 0, False, 640
     self.eval_examples = 100
@@ -32,26 +32,26 @@ class ScriptedTrainer:
     if self.evals == self.fail_at_eval:
       raise RuntimeError("device lost")
     self.evals += 1
-    return {"accuracy": self.accuracies[self.evals - 1], "count": 100}
+    return {self.metric: self.accuracies[self.evals - 1], "count": 100}
 
   def describe(self):
     return {"parameters": 1, "train_flops_per_example": 1.0}
 
 
-def _run(tmp_path, trainer, cfg=None, preset="mini", steps=None):
+def _run(tmp_path, trainer, cfg=None, preset="mini", steps=None, workload=spec.SPEC):
   cfg = cfg or spec.mini()
   cfg.train.global_batch_size = 64               # 640 examples -> 10 steps per epoch
   opts = driver.RunOptions(framework="jax", preset=preset, seed=7, steps=steps,
                            results_path=str(tmp_path / "r.csv"), log_dir=str(tmp_path / "logs"))
-  rows = driver.run_all(spec.SPEC, cfg, opts, lambda seed: trainer)
+  rows = driver.run_all(workload, cfg, opts, lambda seed: trainer)
   events = [json.loads(l[9:]) for l in open(rows[0].log_path) if l.startswith(":::MLLOG")]
   return rows[0], events, pd.read_csv(tmp_path / "r.csv")
 
 
 def test_blocks_follow_the_mlperf_cadence_with_offset():
-  assert driver.blocks(12, 4, 0) == [(0, 4), (4, 4), (8, 4)]
-  assert driver.blocks(10, 4, 2) == [(0, 2), (2, 4), (6, 4)]
-  assert driver.blocks(5, 4, 0) == [(0, 4), (4, 1)]
+  assert cadence.epoch_blocks(12, 4, 0) == [(0, 4), (4, 4), (8, 4)]
+  assert cadence.epoch_blocks(10, 4, 2) == [(0, 2), (2, 4), (6, 4)]
+  assert cadence.epoch_blocks(5, 4, 0) == [(0, 4), (4, 1)]
 
 
 def test_stops_at_the_target_with_success(tmp_path):
@@ -126,8 +126,8 @@ def test_efficientnet_rule_file_runs_in_the_official_checker(tmp_path):
 
 
 def test_sample_blocks_round_eval_points_up_to_whole_batches():
-  assert driver.sample_blocks(1000, 250, 100) == [(0, 3), (3, 2), (5, 3), (8, 2)]
-  assert driver.sample_blocks(400, 50, 100) == [(0, 1), (1, 1), (2, 1), (3, 1)]
+  assert cadence.sample_blocks(1000, 250, 100) == [(0, 3), (3, 2), (5, 3), (8, 2)]
+  assert cadence.sample_blocks(400, 50, 100) == [(0, 1), (1, 1), (2, 1), (3, 1)]
 
 
 def test_sample_cadence_logs_samples_trained_as_epoch_num(tmp_path):
@@ -135,7 +135,7 @@ def test_sample_cadence_logs_samples_trained_as_epoch_num(tmp_path):
   from workloads.bert import spec as bert_spec
   cfg = bert_spec.mini()
   cfg.train.global_batch_size, cfg.train.eval_every_samples, cfg.train.max_samples = 100, 250, 1000
-  trainer = ScriptedTrainer([0.1, 0.2, 0.7])
+  trainer = ScriptedTrainer([0.1, 0.2, 0.7], metric="masked_lm_accuracy")
   opts = driver.RunOptions(framework="jax", preset="mini", seed=7,
                            results_path=str(tmp_path / "r.csv"), log_dir=str(tmp_path / "logs"))
   row = driver.run_all(bert_spec.SPEC, cfg, opts, lambda seed: trainer)[0]
@@ -144,3 +144,51 @@ def test_sample_cadence_logs_samples_trained_as_epoch_num(tmp_path):
   assert [e["metadata"]["epoch_num"] for e in events if e["key"] == "eval_accuracy"] == [300, 500, 800]
   assert [e["metadata"]["first_epoch_num"] for e in events if e["key"] == "block_start"] == [0, 300, 500]
   assert compliance.check(row.log_path)[0]
+
+
+def test_listed_epoch_schedule_evaluates_at_exactly_those_epochs(tmp_path):
+  """SSD's schedule (rules/ssd.yaml, eval at 40, 50, 55, ...), scaled down: eval at 2, 4, 5."""
+  cfg = spec.mini()
+  cfg.train.eval_at_epochs, cfg.train.max_epochs = (2.0, 4.0, 5.0), 9
+  trainer = ScriptedTrainer([0.1, 0.2, 0.3])
+  row, events, _ = _run(tmp_path, trainer, cfg)
+  assert trainer.steps == [20, 20, 10] and row.status == "aborted"   # budget ends at epoch 5
+  assert [e["metadata"]["epoch_num"] for e in events if e["key"] == "eval_accuracy"] == [2, 4, 5]
+  blocks = [(e["metadata"]["first_epoch_num"], e["metadata"]["epoch_count"])
+            for e in events if e["key"] == "block_start"]
+  assert blocks == [(0, 2), (2, 2), (4, 1)]
+  assert compliance.check(row.log_path)[0]
+
+
+def test_ssd_rules_schedule_reaches_the_preset():
+  from harness import rules
+  train = cadence.apply_rules(spec.mini().train, rules.load("ssd").eval_cadence)
+  assert train.eval_at_epochs == (40, 50, 55, 60, 65, 70, 75, 80) and train.max_epochs == 80
+  ends = [end for end, _, _ in cadence.plan(train, per_epoch=10, max_steps=10_000)]
+  assert ends == [400, 500, 550, 600, 650, 700, 750, 800]
+
+
+def test_metric_in_its_own_units_is_logged_at_the_mlperf_scale(tmp_path):
+  """A BLEU-like metric: target 25 in BLEU points, eval_accuracy logged as BLEU / 100."""
+  import dataclasses
+  from harness.workload import Metric
+  bleu = dataclasses.replace(spec.SPEC, metric=Metric("bleu", "BLEU points", 0, 100, 0.01))
+  cfg = spec.mini()
+  cfg.train.target = 25.0
+  trainer = ScriptedTrainer([12.5, 25.5], metric="bleu")
+  row, events, frame = _run(tmp_path, trainer, cfg, workload=bleu)
+  assert row.status == "success" and trainer.evals == 2
+  assert [e["value"] for e in events if e["key"] == "eval_accuracy"] == [0.125, 0.255]
+  assert frame.iloc[0]["final_metric"] == 25.5 and frame.iloc[0]["metric_name"] == "bleu"
+
+
+def test_lower_is_better_metric_stops_when_it_falls_to_the_target(tmp_path):
+  import dataclasses
+  from harness.workload import Metric
+  loss_like = dataclasses.replace(spec.SPEC, metric=Metric("error_rate", "fraction",
+                                                           higher_is_better=False))
+  cfg = spec.mini()
+  cfg.train.target = 0.2
+  trainer = ScriptedTrainer([0.5, 0.3, 0.15, 0.1], metric="error_rate")
+  row, _, _ = _run(tmp_path, trainer, cfg, workload=loss_like)
+  assert row.status == "success" and trainer.evals == 3

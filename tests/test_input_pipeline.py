@@ -4,6 +4,7 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from tests.imagenet_format import write_imagenet2012
+from workloads.common import batching, imagenet
 from workloads.resnet import input_pipeline, spec
 
 
@@ -60,7 +61,7 @@ def test_eval_preprocessing_is_resize_256_then_center_crop_224():
   image = np.zeros((300, 400, 3), np.uint8)
   image[:, 200:] = 255                            # right half white
   jpeg = tf.io.encode_jpeg(image, quality=100)
-  out = input_pipeline._center_crop(jpeg, 224).numpy()
+  out = imagenet._center_crop(jpeg, 224).numpy()
   assert out.shape == (224, 224, 3)
   # shorter side 300 -> 256, width 400 -> 341; crop columns 58..282; the edge at 170.7 -> 112.7
   row = out[112, :, 0]
@@ -69,21 +70,21 @@ def test_eval_preprocessing_is_resize_256_then_center_crop_224():
 
 def test_pad_and_batch_masks_padding():
   ds = tf.data.Dataset.from_tensor_slices({"x": np.arange(10, dtype=np.float32)})
-  batches = list(input_pipeline.pad_and_batch(ds, 4).as_numpy_iterator())
+  batches = list(batching.pad_and_batch(ds, 4).as_numpy_iterator())
   assert [b["mask"].tolist() for b in batches] == [[1] * 4, [1] * 4, [1, 1, 0, 0]]
-  exact = list(input_pipeline.pad_and_batch(ds.take(8), 4).as_numpy_iterator())
+  exact = list(batching.pad_and_batch(ds.take(8), 4).as_numpy_iterator())
   assert len(exact) == 2
-  fixed = list(input_pipeline.pad_and_batch(ds, 4, num_batches=4).as_numpy_iterator())
+  fixed = list(batching.pad_and_batch(ds, 4, num_batches=4).as_numpy_iterator())
   assert [b["mask"].sum() for b in fixed] == [4, 4, 2, 0]
 
 
 def test_mini_dataset_is_deterministic_and_noisy_labelled():
   data = spec.mini().data
-  a_img, a_lbl = input_pipeline.mini_arrays(data, 10, "train")
-  b_img, b_lbl = input_pipeline.mini_arrays(data, 10, "train")
+  a_img, a_lbl = imagenet.mini_arrays(data, 10, "train")
+  b_img, b_lbl = imagenet.mini_arrays(data, 10, "train")
   np.testing.assert_array_equal(a_img, b_img)
   np.testing.assert_array_equal(a_lbl, b_lbl)
-  e_img, _ = input_pipeline.mini_arrays(data, 10, "eval")
+  e_img, _ = imagenet.mini_arrays(data, 10, "eval")
   assert e_img.shape == (data.eval_examples, 32, 32, 3)
   assert not np.allclose(e_img[:10], a_img[:10])
   # all 10 classes present, roughly balanced
@@ -94,8 +95,8 @@ def test_mini_hosts_yield_slices_of_the_same_global_batch():
   cfg = spec.mini()
   cfg.data.train_examples = 64
   cfg.data.shuffle_buffer = 64
-  one = list(input_pipeline.mini_train(cfg.data, 10, 16, seed=3).take(4).as_numpy_iterator())
-  hosts = [list(input_pipeline.mini_train(cfg.data, 10, 16, seed=3, process_index=i,
+  one = list(imagenet.mini_train(cfg.data, 10, 16, seed=3).take(4).as_numpy_iterator())
+  hosts = [list(imagenet.mini_train(cfg.data, 10, 16, seed=3, process_index=i,
                                           process_count=2).take(4).as_numpy_iterator())
            for i in range(2)]
   for step, batch in enumerate(one):
@@ -103,7 +104,7 @@ def test_mini_hosts_yield_slices_of_the_same_global_batch():
       joined = np.concatenate([hosts[0][step][key], hosts[1][step][key]])
       np.testing.assert_array_equal(joined, batch[key])
   # every image is an example of the set, possibly flipped
-  full, _ = input_pipeline.mini_arrays(cfg.data, 10, "train")
+  full, _ = imagenet.mini_arrays(cfg.data, 10, "train")
   images = np.concatenate([b["image"] for b in one])
   nearest = [min(np.abs(full - x).sum((1, 2, 3)).min(),
                  np.abs(full[:, :, ::-1] - x).sum((1, 2, 3)).min()) for x in images]

@@ -8,7 +8,7 @@ import optax
 import pytest
 import tensorflow as tf
 
-from harness.config import OptimizerConfig
+from workloads.optim.configs import LarsSgdConfig as OptimizerConfig
 from workloads.optim import jax_optimizers, schedules, tf_optimizers
 from workloads.resnet import jax_model, jax_trainer, spec, tf_model, tf_trainer
 

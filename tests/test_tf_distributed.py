@@ -69,7 +69,7 @@ def test_data_parallel_global_bn_matches_one_replica(single_replica, data_parall
 def test_distributed_eval_counts_every_example_once(single_replica, data_parallel):
   result = data_parallel.evaluate()
   assert result["count"] == 40                     # 40 examples in padded batches of 16
-  assert result["accuracy"] == pytest.approx(single_replica.evaluate()["accuracy"])
+  assert result["top1_accuracy"] == pytest.approx(single_replica.evaluate()["top1_accuracy"])
 
 
 def test_weight_update_sharding_matches_unsharded_and_cuts_state_8x(single_replica,

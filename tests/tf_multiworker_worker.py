@@ -27,6 +27,6 @@ if "--die" in sys.argv:
 metrics = trainer.train(3)
 evaluation = trainer.evaluate()
 if int(process_id) == 0:
-  np.savez(out, loss=metrics["loss"], accuracy=evaluation["accuracy"],
+  np.savez(out, loss=metrics["loss"], accuracy=evaluation["top1_accuracy"],
            count=evaluation["count"], **{v.path: v.numpy() for v in trainer.model.variables})
 print("worker done", process_id, flush=True)

@@ -13,17 +13,14 @@ config), and reads it back through the same reader.
 Batches: int32 ids, float32 masked_lm_weights; eval batches add 'mask' (1 real, 0 padding).
 """
 import dataclasses
-import glob
-import hashlib
-import json
 import os
-import tempfile
 
 import numpy as np
 import tensorflow as tf
 
 from workloads.bert import spec
-from workloads.resnet.input_pipeline import eval_batches_per_host, host_slice, pad_and_batch
+from workloads.common import mini_cache
+from workloads.common.batching import host_slice, padded_eval, sharded_records, tfrecord_files
 
 PAD, UNK, CLS, SEP, MASK = 0, 1, 2, 3, 4         # the mini vocabulary's special tokens
 FIRST_WORD = 5
@@ -49,25 +46,15 @@ def parse(serialized, data_cfg):
 
 
 def _files(data_dir, pattern):
-  files = sorted(glob.glob(os.path.join(data_dir, pattern)))
-  if not files:
-    raise FileNotFoundError(f"no BERT TFRecords match {os.path.join(data_dir, pattern)}")
-  return files
+  return tfrecord_files(data_dir, pattern, "BERT TFRecords")
 
 
 def tfrecord_train(data_cfg, global_batch_size, seed, data_dir, process_index=0,
                    process_count=1):
   """This host's shuffled, repeated batches (global_batch_size / process_count each). Files are
   split over hosts when there are enough of them, records otherwise: each example on one host."""
-  files = _files(data_dir, data_cfg.train_pattern)
-  ds = tf.data.Dataset.from_tensor_slices(files)
-  if len(files) >= process_count:
-    ds = ds.shard(process_count, process_index)
-  ds = ds.shuffle(len(files), seed=seed, reshuffle_each_iteration=True).repeat()
-  ds = ds.interleave(tf.data.TFRecordDataset, cycle_length=min(len(files), 8),
-                     num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)
-  if len(files) < process_count:
-    ds = ds.shard(process_count, process_index)
+  ds = sharded_records(_files(data_dir, data_cfg.train_pattern), seed, process_index,
+                       process_count)
   ds = ds.shuffle(data_cfg.shuffle_buffer, seed=seed)
   ds = ds.map(lambda s: parse(s, data_cfg), num_parallel_calls=tf.data.AUTOTUNE)
   return ds.batch(global_batch_size // process_count, drop_remainder=True).prefetch(
@@ -77,13 +64,11 @@ def tfrecord_train(data_cfg, global_batch_size, seed, data_dir, process_index=0,
 def tfrecord_eval(data_cfg, global_batch_size, data_dir, process_index=0, process_count=1):
   """This host's share of the eval set, in full batches padded with mask=0 examples so every
   example counts once; with several hosts all yield the same number of batches."""
-  host_batch_size = global_batch_size // process_count
   ds = tf.data.TFRecordDataset(_files(data_dir, data_cfg.eval_pattern))
   ds = ds.take(data_cfg.eval_examples).shard(process_count, process_index)
   ds = ds.map(lambda s: parse(s, data_cfg), num_parallel_calls=tf.data.AUTOTUNE)
-  steps = (eval_batches_per_host(data_cfg.eval_examples, host_batch_size, process_count)
-           if process_count > 1 else None)
-  return pad_and_batch(ds, host_batch_size, steps).cache().prefetch(tf.data.AUTOTUNE)
+  return padded_eval(ds, data_cfg.eval_examples, global_batch_size, process_count).cache(
+      ).prefetch(tf.data.AUTOTUNE)
 
 
 # ----------------------------------------------------------------------------- mini corpus
@@ -176,51 +161,37 @@ def _write(path, instances, data_cfg):
       writer.write(_example(instance, data_cfg))
 
 
-def mini_key(data_cfg, vocab_size) -> str:
+def mini_fields(data_cfg, vocab_size) -> dict:
+  """What the mini corpus depends on (its cache key)."""
   fields = {k: v for k, v in dataclasses.asdict(data_cfg).items()
             if k.startswith("mini_") or k in ("max_seq_length", "max_predictions_per_seq",
                                               "eval_examples")}
   fields.update(vocab_size=vocab_size, version=MINI_FORMAT_VERSION)
-  return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def default_cache_root():
-  return os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")),
-                      "mlperf-tf-jax", "bert_mini")
+  return fields
 
 
 def prepare_mini(data_cfg, vocab_size, cache_root=None) -> dict:
   """Writes the mini corpus as TFRecords (2 train shards part-0000N-of-00002 and `eval`) under
   cache_root/<hash of the mini config>, once; returns {'dir', 'train_examples'}."""
-  root = os.path.join(cache_root or default_cache_root(), mini_key(data_cfg, vocab_size))
-  info_path = os.path.join(root, "info.json")
-  if os.path.exists(info_path):
-    with open(info_path) as f:
-      return {"dir": root, **json.load(f)}
-  rng = np.random.default_rng(data_cfg.mini_seed)
-  successors, starts = _topic_chains(rng, vocab_size, data_cfg.mini_topics)
-  train = _instances(rng, _documents(rng, data_cfg.mini_documents, successors, starts),
-                     data_cfg, vocab_size, data_cfg.mini_dupe_factor)
-  rng.shuffle(train)
-  evals = _instances(rng, _documents(rng, data_cfg.mini_eval_documents, successors, starts),
-                     data_cfg, vocab_size, 1)
-  if len(evals) < data_cfg.eval_examples:
-    raise ValueError(f"the mini eval corpus has {len(evals)} examples < data.eval_examples="
-                     f"{data_cfg.eval_examples}; raise data.mini_eval_documents")
-  os.makedirs(os.path.dirname(root), exist_ok=True)
-  staging = tempfile.mkdtemp(dir=os.path.dirname(root))   # written whole, then renamed
-  half = len(train) // 2
-  _write(os.path.join(staging, "part-00000-of-00002"), train[:half], data_cfg)
-  _write(os.path.join(staging, "part-00001-of-00002"), train[half:], data_cfg)
-  _write(os.path.join(staging, "eval"), evals[:data_cfg.eval_examples], data_cfg)
-  with open(os.path.join(staging, "info.json"), "w") as f:
-    json.dump({"train_examples": len(train)}, f)
-  try:
-    os.rename(staging, root)
-  except OSError:                                          # another process won the race
-    pass
-  with open(info_path) as f:
-    return {"dir": root, **json.load(f)}
+  def write(staging):
+    rng = np.random.default_rng(data_cfg.mini_seed)
+    successors, starts = _topic_chains(rng, vocab_size, data_cfg.mini_topics)
+    train = _instances(rng, _documents(rng, data_cfg.mini_documents, successors, starts),
+                       data_cfg, vocab_size, data_cfg.mini_dupe_factor)
+    rng.shuffle(train)
+    evals = _instances(rng, _documents(rng, data_cfg.mini_eval_documents, successors, starts),
+                       data_cfg, vocab_size, 1)
+    if len(evals) < data_cfg.eval_examples:
+      raise ValueError(f"the mini eval corpus has {len(evals)} examples < data.eval_examples="
+                       f"{data_cfg.eval_examples}; raise data.mini_eval_documents")
+    half = len(train) // 2
+    _write(os.path.join(staging, "part-00000-of-00002"), train[:half], data_cfg)
+    _write(os.path.join(staging, "part-00001-of-00002"), train[half:], data_cfg)
+    _write(os.path.join(staging, "eval"), evals[:data_cfg.eval_examples], data_cfg)
+    return {"train_examples": len(train)}
+  folder, info = mini_cache.prepare(cache_root or mini_cache.default_root("bert"),
+                                    mini_fields(data_cfg, vocab_size), write)
+  return {"dir": folder, **info}
 
 
 def mini_data_cfg(data_cfg):

@@ -15,8 +15,6 @@ from workloads.bert import input_pipeline, jax_model, spec
 from workloads.optim import jax_optimizers
 from workloads.parallel.jax_trainer_base import MeshTrainer
 
-# tf.data only feeds the host here: keep TensorFlow off any GPU so JAX has all its memory.
-input_pipeline.tf.config.set_visible_devices([], "GPU")
 
 
 class TrainState(train_state.TrainState):
@@ -49,12 +47,11 @@ def eval_step(state, batch):
 
 
 class BertTrainer(MeshTrainer):
+  spec_module, pipeline = spec, input_pipeline
+
   def __init__(self, cfg, ctx):
     super().__init__(cfg, ctx)
-    self.data_dir, self.train_examples = input_pipeline.data_source(cfg, ctx)
-    self.eval_examples = cfg.data.eval_examples
-    dtype = jnp.bfloat16 if cfg.train.precision == "bfloat16" else jnp.float32
-    self.model = jax_model.from_config(cfg.model, dtype)
+    self.model = jax_model.from_config(cfg.model, self.dtype)
     self.schedule = spec.schedule_for(cfg)
     self.tx = jax_optimizers.make_lamb(cfg.optimizer, self.schedule)
 
@@ -73,33 +70,17 @@ class BertTrainer(MeshTrainer):
     """Initialises (or loads the reference checkpoint into) the state on the mesh and compiles
     both steps, before run_start."""
     rng = jax.random.key(self.ctx.seed)
-    shardings = self.runtime.state_shardings(jax.eval_shape(self._create_state, rng))
+    shardings = self.state_shardings(self._create_state, rng)
     params = None
     if self.cfg.data.init_checkpoint and self.cfg.data.source == "tfrecord":
       params = jax_model.load_tf1_checkpoint(
           jax.eval_shape(self.init_params, rng), input_pipeline.checkpoint_path(self.cfg, self.ctx),
           self.cfg.model.num_layers)
     self.state = jax.jit(self._create_state, out_shardings=shardings)(rng, params)
-    self.compile_steps(functools.partial(train_step, runtime=self.runtime), eval_step, shardings)
+    self.compile_steps(functools.partial(train_step, runtime=self.runtime), shardings)
 
-  # --------------------------------------------------------------- data
-  def batch_layout(self, batch_size, with_mask=False):
-    return spec.batch_layout(self.cfg, batch_size, with_mask)
-
-  def train_dataset(self, process_index, process_count):
-    return input_pipeline.train_dataset(
-        self.cfg, self.cfg.train.global_batch_size, seed=self.ctx.seed, data_dir=self.data_dir,
-        process_index=process_index, process_count=process_count)
-
-  def eval_dataset(self, batch_size, process_index, process_count):
-    return input_pipeline.eval_dataset(self.cfg, batch_size, self.data_dir,
-                                       process_index=process_index, process_count=process_count)
-
-  def synthetic_batch(self):
-    gbs = self.cfg.train.global_batch_size
-    shapes = self.batch_shapes(gbs)
-    batch = input_pipeline.synthetic_batch(self.cfg, gbs, self.ctx.seed + 1)
-    return {k: jax.device_put(v, shapes[k].sharding) for k, v in batch.items()}
+  def eval_step(self, state, batch):
+    return eval_step(state, batch)
 
 
 def make_trainer(cfg, ctx):

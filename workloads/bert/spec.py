@@ -9,10 +9,12 @@ import dataclasses
 import math
 
 from harness import rules
-from harness.config import ParallelConfig, TrainConfig, _check_choice, _check_range, _positive
+from harness.config import TrainConfig, in_range, key_of, one_of, positive
 from harness.errors import UsageError
-from harness.workload import WorkloadSpec
+from harness.mesh import ParallelConfig
+from harness.workload import Metric, WorkloadSpec
 from workloads.optim import schedules
+from workloads.optim.configs import LambConfig
 
 
 @dataclasses.dataclass
@@ -29,12 +31,13 @@ class ModelConfig:
   initializer_range: float = 0.02     # truncated normal stddev for every weight
 
   def validate(self):
-    _positive(self, "vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size",
-              "max_position_embeddings", "type_vocab_size", "initializer_range")
+    positive(self, "vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size",
+             "max_position_embeddings", "type_vocab_size", "initializer_range")
     if self.hidden_size % self.num_heads:
-      raise UsageError(f"model.hidden_size={self.hidden_size} is not divisible by "
-                       f"model.num_heads={self.num_heads}; allowed: a multiple of num_heads")
-    _check_range("model.dropout", self.dropout, 0.0, 0.9)
+      raise UsageError(f"{key_of(self, 'hidden_size')}={self.hidden_size} is not divisible by "
+                       f"{key_of(self, 'num_heads')}={self.num_heads}; allowed: a multiple of "
+                       "num_heads")
+    in_range(self, "dropout", 0.0, 0.9)
 
 
 @dataclasses.dataclass
@@ -60,45 +63,12 @@ class DataConfig:
   mini_eval_documents: int = 400
 
   def validate(self):
-    _check_choice("data.source", self.source, ("tfrecord", "mini", "synthetic"))
-    _positive(self, "max_seq_length", "max_predictions_per_seq", "eval_examples",
-              "eval_batch_size", "shuffle_buffer", "mini_documents", "mini_topics",
-              "mini_dupe_factor", "mini_eval_documents")
-    _check_range("data.train_examples", self.train_examples, 0, None)
-    if self.max_predictions_per_seq > self.max_seq_length:
-      raise UsageError(f"data.max_predictions_per_seq={self.max_predictions_per_seq} exceeds "
-                       f"data.max_seq_length={self.max_seq_length}; allowed: <= max_seq_length")
-
-
-@dataclasses.dataclass
-class LambConfig:
-  """LAMB and its schedule as the MLPerf reference flags name them (run_pretraining.py)."""
-  name: str = "lamb"
-  base_learning_rate: float = 0.00035        # --learning_rate
-  beta_1: float = 0.9                        # --lamb_beta_1
-  beta_2: float = 0.999                      # --lamb_beta_2
-  epsilon: float = 1e-6                      # 10 ** --log_epsilon
-  weight_decay_rate: float = 0.01            # --lamb_weight_decay_rate
-  training_steps: int = 13_700               # --num_train_steps: lr decays to 0 here
-  warmup_steps: int = 0                      # --num_warmup_steps
-  start_warmup_step: int = 0                 # --start_warmup_step
-  decay_poly_power: float = 1.0              # --poly_power
-  clip_norm: float = 1.0                     # tf.clip_by_global_norm before the update
-
-  def validate(self):
-    _check_choice("optimizer.name", self.name, ("lamb",))
-    _positive(self, "base_learning_rate", "epsilon", "training_steps", "decay_poly_power")
-    _check_range("optimizer.beta_1", self.beta_1, 0.0, 1.0)
-    _check_range("optimizer.beta_2", self.beta_2, 0.0, 1.0)
-    _check_range("optimizer.weight_decay_rate", self.weight_decay_rate, 0.0, None)
-    _check_range("optimizer.warmup_steps", self.warmup_steps, 0, None)
-    _check_range("optimizer.clip_norm", self.clip_norm, 0.0, None)
-
-  def summary(self) -> str:
-    return (f"lamb (base lr {self.base_learning_rate}, warmup {self.warmup_steps} steps from "
-            f"step {self.start_warmup_step}, linear decay to 0 at step {self.training_steps}, "
-            f"betas {self.beta_1}/{self.beta_2}, eps {self.epsilon}, weight decay "
-            f"{self.weight_decay_rate}, clip norm {self.clip_norm})")
+    one_of(self, "source", ("tfrecord", "mini", "synthetic"))
+    positive(self, "max_seq_length", "max_predictions_per_seq", "eval_examples",
+             "eval_batch_size", "shuffle_buffer", "mini_documents", "mini_topics",
+             "mini_dupe_factor", "mini_eval_documents")
+    in_range(self, "train_examples", 0, None)
+    in_range(self, "max_predictions_per_seq", 1, self.max_seq_length)
 
 
 @dataclasses.dataclass
@@ -115,16 +85,29 @@ def eval_interval_samples(global_batch_size: int) -> int:
   return 25_000 * math.floor(0.05 * (230.23 * global_batch_size + 3_000_000) / 25_000)
 
 
+REFERENCE_SAMPLES = 256 * 13_700      # the RCP point's budget: 13,700 steps at batch 256
+
+
 def reference() -> BertConfig:
-  """The RCP point at global batch 256 (rules/bert.yaml): lr 3.5e-4, 13,700 steps, no warmup,
-  from the reference checkpoint; eval every 150,000 samples; target 0.720."""
+  """The RCP point at global batch 256 (rules/bert.yaml): lr 3.5e-4, no warmup, from the
+  reference checkpoint, target 0.720. The eval interval (the MLPerf formula of the batch) and
+  the LAMB decay steps (the sample budget in batches) are left to `derive`, so they follow
+  `--set train.global_batch_size`: at 256, 150,000 samples and 13,700 steps."""
   mlperf = rules.load("bert")
-  gbs, steps = 256, 13_700
   return BertConfig(
-      optimizer=LambConfig(base_learning_rate=0.00035, training_steps=steps),
-      train=TrainConfig(global_batch_size=gbs, target=mlperf.target, precision="bfloat16",
-                        eval_every_samples=eval_interval_samples(gbs),
-                        max_samples=gbs * steps))
+      optimizer=LambConfig(base_learning_rate=0.00035, training_steps=0),
+      train=TrainConfig(global_batch_size=256, target=mlperf.target, precision="bfloat16",
+                        eval_every_samples=0, max_samples=REFERENCE_SAMPLES))
+
+
+def derive(cfg: BertConfig):
+  """Fills the values a config leaves 0: the eval interval from the MLPerf formula of the
+  global batch, the LAMB decay steps (--num_train_steps) from the sample budget."""
+  gbs = cfg.train.global_batch_size
+  if not cfg.train.eval_every_samples:
+    cfg.train.eval_every_samples = eval_interval_samples(gbs)
+  if not cfg.optimizer.training_steps:
+    cfg.optimizer.training_steps = math.ceil(cfg.train.max_samples / gbs)
 
 
 def synthetic() -> BertConfig:
@@ -151,19 +134,57 @@ def mini() -> BertConfig:
                         eval_every_samples=4800, max_samples=2400 * 32))
 
 
+def tiny() -> BertConfig:
+  """The smallest config that runs every code path (the contract test's)."""
+  cfg = mini()
+  cfg.model = ModelConfig(vocab_size=64, hidden_size=16, num_layers=1, num_heads=2,
+                          intermediate_size=32, max_position_embeddings=16, dropout=0.0)
+  cfg.data = DataConfig(source="mini", max_seq_length=16, max_predictions_per_seq=3,
+                        init_checkpoint="", eval_examples=40, eval_batch_size=16,
+                        shuffle_buffer=256, mini_documents=60, mini_eval_documents=40,
+                        mini_dupe_factor=1)
+  cfg.optimizer.training_steps = 20
+  cfg.train.global_batch_size = 16
+  cfg.train.eval_every_samples, cfg.train.max_samples = 160, 320
+  return cfg
+
+
 def batch_layout(cfg: BertConfig, batch_size: int, with_mask: bool = False) -> dict:
-  """{name: (shape, dtype)} of a batch as the input pipeline yields it (int32 ids: the
-  TFRecords store int64, the reader casts). Eval batches add 'mask' (1 real, 0 padding)."""
+  """{name: (shape, dtype, logical axes)} of a batch as the input pipeline yields it (int32
+  ids: the TFRecords store int64, the reader casts). Eval batches add 'mask' (1 real, 0
+  padding). The masked-LM prediction slots have no logical name: they are never split."""
   seq, preds = cfg.data.max_seq_length, cfg.data.max_predictions_per_seq
-  layout = {"input_ids": ((batch_size, seq), "int32"), "input_mask": ((batch_size, seq), "int32"),
-            "segment_ids": ((batch_size, seq), "int32"),
-            "masked_lm_positions": ((batch_size, preds), "int32"),
-            "masked_lm_ids": ((batch_size, preds), "int32"),
-            "masked_lm_weights": ((batch_size, preds), "float32"),
-            "next_sentence_labels": ((batch_size,), "int32")}
+  tokens, slots = ((batch_size, seq), "int32", ("batch", "length")), ("batch", None)
+  layout = {"input_ids": tokens, "input_mask": tokens, "segment_ids": tokens,
+            "masked_lm_positions": ((batch_size, preds), "int32", slots),
+            "masked_lm_ids": ((batch_size, preds), "int32", slots),
+            "masked_lm_weights": ((batch_size, preds), "float32", slots),
+            "next_sentence_labels": ((batch_size,), "int32", ("batch",))}
   if with_mask:
-    layout["mask"] = ((batch_size,), "float32")
+    layout["mask"] = ((batch_size,), "float32", ("batch",))
   return layout
+
+
+# Every parameter's logical axes (flax paths; the Keras model uses the same names). Query/key/
+# value kernels are [embed, heads * kv] in BERT's layout: the joined dimension is 'heads'.
+PARAM_AXES = (
+    (r"word_embeddings/embedding", ("vocab", "embed")),
+    (r"position_embeddings/embedding", ("length", "embed")),
+    (r"token_type_embeddings/embedding", (None, "embed")),
+    (r".*LayerNorm/(scale|bias)", ("embed",)),
+    (r"layer_\d+/(query|key|value)/kernel", ("embed", "heads")),
+    (r"layer_\d+/(query|key|value)/bias", ("heads",)),
+    (r"layer_\d+/attention_output/kernel", ("heads", "embed")),
+    (r"layer_\d+/intermediate/kernel", ("embed", "mlp")),
+    (r"layer_\d+/intermediate/bias", ("mlp",)),
+    (r"layer_\d+/output/kernel", ("mlp", "embed")),
+    (r"layer_\d+/(attention_output|output)/bias", ("embed",)),
+    (r"(pooler|mlm_transform)/kernel", ("embed", None)),
+    (r"(pooler|mlm_transform)/bias", ("embed",)),
+    (r"nsp/kernel", ("embed", "classes")),
+    (r"nsp/bias", ("classes",)),
+    (r"mlm_output_bias", ("vocab",)),
+)
 
 
 def schedule_for(cfg: BertConfig) -> schedules.BertLambSchedule:
@@ -203,10 +224,13 @@ SPEC = WorkloadSpec(
     name="bert",
     mlperf_benchmark="bert",
     title="BERT-large pre-training (masked LM + next sentence) on Wikipedia",
-    metric_name="masked_lm_accuracy",
-    presets={"mini": mini, "reference": reference, "synthetic": synthetic},
+    metric=Metric("masked_lm_accuracy", "fraction"),
+    presets={"mini": mini, "reference": reference, "synthetic": synthetic, "tiny": tiny},
     trainer_modules={"jax": "workloads.bert.jax_trainer", "tf": "workloads.bert.tf_trainer"},
     mllog_hyperparameters=mllog_hyperparameters,
+    derive=derive,
+    split_dims=lambda cfg: {"length": cfg.data.max_seq_length},
+    param_axes=PARAM_AXES,
     data_dir_contents=("a folder with the MLPerf BERT TFRecords (part-*, eval_10k) and "
                        "tf1_ckpt/model.ckpt-28252"),
 )

@@ -44,22 +44,18 @@ def masked_lm_correct(mlm_logits, batch, example_mask):
 
 
 class BertTrainer(StrategyTrainer):
+  spec_module, pipeline = spec, input_pipeline
+
   def __init__(self, cfg, ctx):
     super().__init__(cfg, ctx)
-    if self.runtime.spatial > 1:
-      raise ValueError(f"--spatial-partitions {self.runtime.spatial}: BERT has no image rows "
-                       "to split; allowed: 1")
-    self.data_dir, self.train_examples = input_pipeline.data_source(cfg, ctx)
-    self.eval_examples = cfg.data.eval_examples
     self.schedule = spec.schedule_for(cfg)
 
   def make_model(self, runtime):
     """The model, or the reference checkpoint (BERT has no cross-replica layers)."""
     del runtime
     cfg = self.cfg
-    dtype = "mixed_bfloat16" if cfg.train.precision == "bfloat16" else "float32"
     model = tf_model.build(cfg.model, cfg.data.max_seq_length, cfg.data.max_predictions_per_seq,
-                           dtype)
+                           self.dtype)
     if cfg.data.init_checkpoint and cfg.data.source == "tfrecord":
       tf_model.load_tf1_checkpoint(model, input_pipeline.checkpoint_path(cfg, self.ctx))
     return model
@@ -72,29 +68,9 @@ class BertTrainer(StrategyTrainer):
   def loss_and_grads(self, batch):
     return loss_and_grads(self.model, batch, self.cfg.train.global_batch_size)
 
-  def eval_counts(self, batch):
+  def eval_step(self, batch):
     mlm_logits, _ = self.model(batch, training=False)
     return tf.stack(masked_lm_correct(mlm_logits, batch, batch["mask"]))
-
-  def batch_spec(self, batch_size, with_mask=False):
-    return {k: tf.TensorSpec(shape, dtype)
-            for k, (shape, dtype) in spec.batch_layout(self.cfg, batch_size, with_mask).items()}
-
-  def train_dataset(self, process_index, process_count):
-    gbs = self.cfg.train.global_batch_size
-    if self.cfg.data.source == "synthetic":
-      batch = input_pipeline.synthetic_batch(self.cfg, gbs // process_count, self.ctx.seed + 1)
-      return tf.data.Dataset.from_tensors(batch).repeat()
-    return input_pipeline.train_dataset(self.cfg, gbs, seed=self.ctx.seed, data_dir=self.data_dir,
-                                        process_index=process_index, process_count=process_count)
-
-  def eval_dataset(self, batch_size, process_index, process_count):
-    return input_pipeline.eval_dataset(self.cfg, batch_size, self.data_dir, process_index,
-                                       process_count)
-
-  def eval_batches(self, batch_size):
-    hosts = self.runtime.process_count
-    return input_pipeline.eval_batches_per_host(self.eval_examples, batch_size // hosts, hosts)
 
 
 def make_trainer(cfg, ctx):

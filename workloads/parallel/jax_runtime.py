@@ -1,9 +1,12 @@
 """The JAX distributed runtime: one jax.sharding.Mesh for any workload (DESIGN §4).
 
-Mesh axes ('replica', 'bn', 'spatial'): the data-parallel replicas are split into groups of
-`bn_group_size` ('bn') so batch-norm statistics can be pooled over a sub-axis (PLATFORM_NOTES:
-axis_index_groups does not work under shard_map); batches are sharded over DATA = ('replica',
-'bn') and, for images, their height over 'spatial' (XLA inserts the halo exchange).
+The named axes of harness/mesh.py become physical mesh axes ('replica', 'bn', 'spatial'): the
+data axis is split into groups of `bn_group_size` ('bn') so batch-norm statistics can be pooled
+over a sub-axis (PLATFORM_NOTES: axis_index_groups does not work under shard_map). Arrays are
+laid out from their logical axis names through harness.mesh's rule table: a batch's 'batch'
+dimension over DATA = ('replica', 'bn'), an image's 'height' over 'spatial' (XLA inserts the
+halo exchange); parameters per the workload's param_axes table (replicated while the runtime
+runs no model axis).
 Weight-update sharding puts the optimizer state, and the update computed from it, on shards of
 DATA; the new weights are all-gathered back to every replica (ZeRO-1).
 """
@@ -11,12 +14,12 @@ import collections
 import re
 
 import jax
-import numpy as np
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
-from harness import config
+from harness import mesh as mesh_lib
 
 DATA = ("replica", "bn")
+PHYSICAL = {"data": DATA, "spatial": "spatial"}      # named mesh axis -> this mesh's axes
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "collective-permute", "all-to-all")
 
 
@@ -34,7 +37,12 @@ class MeshRuntime:
   def __init__(self, parallel):
     initialize_multihost(parallel)
     devices = jax.devices()
-    data, spatial, group = config.mesh_shape(parallel, len(devices))
+    self.shape = shape = mesh_lib.mesh_shape(parallel, len(devices))
+    unsupported = [a for a in mesh_lib.AXES if shape.size(a) > 1 and a not in PHYSICAL]
+    if unsupported:
+      raise ValueError(f"--mesh axis {unsupported[0]}: the jax runtime does not run it yet; "
+                       f"allowed axes: {', '.join(PHYSICAL)}")
+    data, spatial, group = shape.data, shape.spatial, shape.bn_group_size
     self.parallel = parallel
     self.data, self.spatial, self.bn_group_size = data, spatial, group
     self.grouped_bn = group < data
@@ -47,20 +55,16 @@ class MeshRuntime:
 
   @property
   def description(self):
-    return f"data={self.data}" + (f",spatial={self.spatial}" if self.spatial > 1 else "")
+    return self.shape.description
 
-  def batch_sharding(self, ndim):
-    """Images [B, H, W, C]: B over DATA and H over 'spatial'; other arrays: B over DATA."""
-    if ndim == 4:
-      return NamedSharding(self.mesh, P(DATA, "spatial"))
-    return NamedSharding(self.mesh, P(DATA))
+  def sharding(self, logical_axes):
+    """The NamedSharding of an array whose dimensions have these logical names."""
+    axes = mesh_lib.logical_to_mesh(logical_axes, self.shape)
+    return NamedSharding(self.mesh, P(*(PHYSICAL[a] if a else None for a in axes)))
 
-  def batch_shardings(self, shapes):
-    return jax.tree.map(lambda s: self.batch_sharding(len(s.shape)), shapes)
-
-  def shard_batch(self, host_batch):
+  def shard_batch(self, host_batch, logical_axes):
     """This host's slice of the global batch -> global arrays on the mesh."""
-    return {k: jax.make_array_from_process_local_data(self.batch_sharding(np.ndim(v)), v)
+    return {k: jax.make_array_from_process_local_data(self.sharding(logical_axes[k]), v)
             for k, v in host_batch.items()}
 
   def update_sharding(self, shape):
@@ -76,10 +80,17 @@ class MeshRuntime:
     spec[dim] = DATA
     return NamedSharding(self.mesh, P(*spec))
 
-  def state_shardings(self, state_shapes):
-    """Params and batch stats replicated; optimizer state per `update_sharding`."""
+  def state_shardings(self, state_shapes, param_axes=()):
+    """Params per the workload's param_axes table, other state (batch stats, step, keys)
+    replicated, the optimizer state per `update_sharding`."""
     shardings = jax.tree.map(lambda _: self.replicated, state_shapes)
-    return shardings.replace(opt_state=jax.tree.map(
+    params = shardings.params
+    if param_axes:
+      params = jax.tree_util.tree_map_with_path(
+          lambda path, s: self.sharding(mesh_lib.param_axes(param_axes, path_name(path),
+                                                            len(s.shape))),
+          state_shapes.params)
+    return shardings.replace(params=params, opt_state=jax.tree.map(
         lambda s: self.update_sharding(s.shape), state_shapes.opt_state))
 
   def constrain_update(self, tree):
@@ -94,6 +105,11 @@ class MeshRuntime:
     if not self.weight_update_sharding:
       return tree
     return jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, self.replicated), tree)
+
+
+def path_name(path) -> str:
+  """A pytree key path as the param_axes tables spell it: 'layer_0/query/kernel'."""
+  return "/".join(str(getattr(k, "key", getattr(k, "name", k))) for k in path)
 
 
 def per_device_bytes(tree) -> int:

@@ -1,10 +1,26 @@
 """What every JAX trainer shares: the Trainer API (harness/workload.py) on the device mesh of
-jax_runtime.MeshRuntime. A workload's jax_trainer.py subclasses it, builds and compiles its
-train state in `init`, and supplies its batch layout and datasets.
+jax_runtime.MeshRuntime. A workload's jax_trainer.py subclasses MeshTrainer and supplies only
+what is its own: the model and train state (`init`, which calls `compile_steps`), the loss in
+its train step, its eval step, and, for a metric that is not a ratio of counts, `accumulate`
+and `finalize`. The base owns the data plumbing: batch layouts (with logical axis names, laid
+out on the mesh by the runtime), the datasets from the workload's input_pipeline module, the
+synthetic batch, the compute dtype, the train loop and the eval loop.
 
-Steps are AOT-compiled jit functions over the mesh (batches sharded over the data axes, the
-state donated); `train(n)` dispatches n steps with host batches put on the mesh two steps
+Steps are AOT-compiled jit functions over the mesh (batches sharded per their logical axes,
+the state donated); `train(n)` dispatches n steps with host batches put on the mesh two steps
 ahead, and syncs with the host once, at the end.
+
+Evaluation runs in three phases (TF Model Garden's validation_step -> aggregate_logs ->
+reduce_aggregated_logs):
+  eval_step(state, batch) -> outputs      on device, per batch (compiled once);
+  accumulate(acc, outputs) -> acc         per batch;
+  finalize(acc) -> {metric: value, 'count': n}.
+By default eval_step returns [correct, counted] summed over the global batch, accumulate adds
+on device (no host sync per batch) and finalize divides. A workload whose metric needs the
+examples themselves (BLEU statistics, detections) sets `eval_on_host = True`: every batch's
+outputs come to the host, gathered from every process (each host sees the whole global batch,
+padding included: accumulate drops the examples whose 'mask' is 0), so every eval example
+counts exactly once.
 """
 import collections
 import math
@@ -12,39 +28,55 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
+import tensorflow as tf
+from jax.experimental import multihost_utils
 
+from harness import mesh
 from workloads.parallel import jax_runtime
+
+# tf.data only feeds the host here: keep TensorFlow off any GPU so JAX has all its memory.
+tf.config.set_visible_devices([], "GPU")
 
 
 class MeshTrainer:
+  spec_module = None            # the workload's spec.py (batch_layout, PARAM_AXES, SPEC)
+  pipeline = None               # the workload's input_pipeline.py (see resnet/input_pipeline.py)
+  eval_on_host = False          # True: eval outputs go to the host every batch (see above)
+
   # ------------------------------------------------------------------ what a workload supplies
-  def batch_layout(self, batch_size, with_mask=False):
-    """{name: (shape, dtype)} of a global batch (its spec.batch_layout)."""
+  def init(self):
+    """Builds self.state on the mesh and calls compile_steps (before run_start)."""
     raise NotImplementedError
 
-  def train_dataset(self, process_index, process_count):
-    """tf.data: this host's slice of every global training batch."""
+  def eval_step(self, state, batch):
+    """Device: the outputs of one eval batch (default protocol: [correct, counted])."""
     raise NotImplementedError
 
-  def eval_dataset(self, batch_size, process_index, process_count):
-    raise NotImplementedError
+  def accumulate(self, acc, outputs):
+    """Adds one batch's outputs: device arrays by default, host numpy with eval_on_host."""
+    return outputs if acc is None else acc + outputs
 
-  def synthetic_batch(self):
-    """One global batch of the real shapes, on the mesh (reused every step)."""
-    raise NotImplementedError
+  def finalize(self, acc):
+    correct, count = np.asarray(acc, np.float64)
+    return {self.spec_module.SPEC.metric.name: float(correct / count), "count": int(round(count))}
 
   # ------------------------------------------------------------------ shared
   def __init__(self, cfg, ctx):
     self.cfg, self.ctx = cfg, ctx
     self.runtime = runtime = jax_runtime.MeshRuntime(cfg.parallel)
+    spec = self.spec_module.SPEC
+    mesh.check_workload_axes(runtime.shape, spec.name, spec.mesh_axes)
     self.num_devices = runtime.num_devices
     self.data_replicas = runtime.data
     self.mesh_description = runtime.description
     self.device_kind = jax.devices()[0].device_kind
+    self.dtype = jnp.bfloat16 if cfg.train.precision == "bfloat16" else jnp.float32
     gbs = cfg.train.global_batch_size
     if gbs % runtime.data:
       raise ValueError(f"train.global_batch_size={gbs} is not divisible by the "
                        f"{runtime.data} devices of the data axis")
+    self.data_dir, self.train_examples = self.pipeline.data_source(cfg, ctx)
+    self.eval_examples = cfg.data.eval_examples
     self._train_iter = self._eval_data = None
 
   def eval_batch_size(self):
@@ -52,26 +84,45 @@ class MeshTrainer:
     unit = math.lcm(self.runtime.data, self.runtime.process_count)
     return math.ceil(self.cfg.data.eval_batch_size / unit) * unit
 
-  def batch_shapes(self, batch_size, with_mask=False):
-    return {k: jax.ShapeDtypeStruct(shape, dtype, sharding=self.runtime.batch_sharding(len(shape)))
-            for k, (shape, dtype) in self.batch_layout(batch_size, with_mask).items()}
+  def batch_layout(self, batch_size, with_mask=False):
+    return self.spec_module.batch_layout(self.cfg, batch_size, with_mask)
 
-  def compile_steps(self, train_step, eval_step, state_shardings):
+  def batch_axes(self, with_mask=False):
+    return {k: axes for k, (_, _, axes) in self.batch_layout(1, with_mask).items()}
+
+  def batch_shapes(self, batch_size, with_mask=False):
+    return {k: jax.ShapeDtypeStruct(shape, dtype, sharding=self.runtime.sharding(axes))
+            for k, (shape, dtype, axes) in self.batch_layout(batch_size, with_mask).items()}
+
+  def state_shardings(self, create_state, rng):
+    """Shardings of the state `create_state(rng)` builds, per the runtime's layout rules."""
+    return self.runtime.state_shardings(jax.eval_shape(create_state, rng),
+                                        self.spec_module.PARAM_AXES)
+
+  def compile_steps(self, train_step, state_shardings):
     """AOT-compiles the train step (state donated) and the eval step for self.state."""
     self._train_step = jax.jit(train_step, donate_argnums=0, out_shardings=(
         state_shardings, self.runtime.replicated)).lower(
             self.state, self.batch_shapes(self.cfg.train.global_batch_size)).compile()
-    self._eval_step = jax.jit(eval_step).lower(
+    self._eval_step = jax.jit(self.eval_step).lower(
         self.state, self.batch_shapes(self.eval_batch_size(), with_mask=True)).compile()
 
-  def _device_batches(self, dataset):
+  def _device_batches(self, dataset, axes):
     """Puts host batches on the mesh two steps ahead, so the copy overlaps compute."""
     queue = collections.deque()
     for batch in dataset:
-      queue.append(self.runtime.shard_batch(batch))
+      queue.append(self.runtime.shard_batch(batch, axes))
       if len(queue) == 2:
         yield queue.popleft()
     yield from queue
+
+  def synthetic_batch(self):
+    """One global batch of the real shapes on the mesh (reused every step)."""
+    shapes = self.batch_shapes(self.cfg.train.global_batch_size)
+    batch = self.pipeline.synthetic_batch(self.cfg, self.cfg.train.global_batch_size,
+                                          self.ctx.seed + 1)
+    return {k: jax.device_put(v.astype(shapes[k].dtype), shapes[k].sharding)
+            for k, v in batch.items()}
 
   def _train_batches(self):
     if self._train_iter is None:        # first use is after run_start: no data read before
@@ -79,8 +130,11 @@ class MeshTrainer:
         batch = self.synthetic_batch()
         self._train_iter = iter(lambda: batch, None)
       else:
-        ds = self.train_dataset(self.runtime.process_index, self.runtime.process_count)
-        self._train_iter = self._device_batches(ds.as_numpy_iterator())
+        rt = self.runtime
+        ds = self.pipeline.train_dataset(self.cfg, self.cfg.train.global_batch_size,
+                                         self.ctx.seed, self.data_dir, rt.process_index,
+                                         rt.process_count)
+        self._train_iter = self._device_batches(ds.as_numpy_iterator(), self.batch_axes())
     return self._train_iter
 
   def train(self, num_steps):
@@ -93,17 +147,25 @@ class MeshTrainer:
     return {"loss": float(jnp.mean(jnp.stack(losses))),
             "lr": float(self.schedule(step - 1)), "step": step}
 
+  def _to_host(self, outputs):
+    """Device outputs of one eval batch -> numpy with the whole global batch on this host."""
+    if self.runtime.process_count > 1:
+      return multihost_utils.process_allgather(outputs, tiled=True)
+    return jax.tree.map(np.asarray, outputs)
+
   def evaluate(self):
     if self.cfg.data.source == "synthetic":
       raise ValueError("a synthetic run has no eval split")
+    rt = self.runtime
     if self._eval_data is None:         # built once: its .cache() then serves every eval
-      self._eval_data = self.eval_dataset(self.eval_batch_size(), self.runtime.process_index,
-                                          self.runtime.process_count)
-    totals = jnp.zeros(2)
-    for batch in self._device_batches(self._eval_data.as_numpy_iterator()):
-      totals = totals + self._eval_step(self.state, batch)     # summed over all hosts
-    correct, count = np.asarray(totals)
-    return {"accuracy": float(correct / count), "count": int(round(count))}
+      self._eval_data = self.pipeline.eval_dataset(self.cfg, self.eval_batch_size(),
+                                                   self.data_dir, rt.process_index,
+                                                   rt.process_count)
+    acc = None
+    for batch in self._device_batches(self._eval_data.as_numpy_iterator(), self.batch_axes(True)):
+      outputs = self._eval_step(self.state, batch)
+      acc = self.accumulate(acc, self._to_host(outputs) if self.eval_on_host else outputs)
+    return self.finalize(acc)
 
   def describe(self):
     """The compiled step's cost analysis and HLO (init compiles it, if not done yet)."""

@@ -27,8 +27,9 @@ import os
 import numpy as np
 import tensorflow as tf
 
-from harness import config
+from harness import mesh as mesh_lib
 
+SUPPORTED_AXES = ("data", "spatial")         # as harness.mesh.RUNTIME_AXES['tf'] declares
 CPU_DEVICES_ENV = "HARNESS_CPU_DEVICES"      # set by the CLI's --cpu-devices for --framework tf
 SUM = tf.distribute.ReduceOp.SUM
 
@@ -88,7 +89,12 @@ class StrategyRuntime:
       devices = [d.name for d in tf.config.list_logical_devices("GPU")
                  or tf.config.list_logical_devices("CPU")]
       available = len(devices)
-    data, spatial, group = config.mesh_shape(parallel, available)
+    self.shape = shape = mesh_lib.mesh_shape(parallel, available)
+    unsupported = [a for a in mesh_lib.AXES if shape.size(a) > 1 and a not in SUPPORTED_AXES]
+    if unsupported:
+      raise ValueError(f"--mesh axis {unsupported[0]}: the tf runtime does not run it yet; "
+                       f"allowed axes: {', '.join(SUPPORTED_AXES)}")
+    data, spatial, group = shape.data, shape.spatial, shape.bn_group_size
     if devices is None and data * spatial != available:
       raise ValueError(f"--mesh data={data},spatial={spatial}: a multi-worker TF run uses "
                        f"every replica of every worker ({available})")
@@ -113,7 +119,7 @@ class StrategyRuntime:
 
   @property
   def description(self):
-    return f"data={self.data}" + (f",spatial={self.spatial}" if self.spatial > 1 else "")
+    return self.shape.description
 
   # ------------------------------------------------------------------ replica-context collectives
   def _count(self, kind):
@@ -185,30 +191,36 @@ class StrategyRuntime:
     return tf.concat(parts, axis=1)
 
   # ------------------------------------------------------------------ input
-  def distribute(self, dataset_fn, global_batch_size):
+  def distribute(self, dataset_fn, global_batch_size, logical_axes):
     """A distributed dataset from `dataset_fn(process_index, process_count)`, which yields this
     host's slice of each global batch; each replica gets its consecutive per-replica slice (its
-    row slab of it under spatial partitioning)."""
+    slab of the dimension the rule table puts on 'spatial' under spatial partitioning).
+    `logical_axes`: {key: the logical names of that array's dimensions}."""
     if not self.distributed:
       return dataset_fn(self.process_index, self.process_count)
     per_replica = global_batch_size // self.data
     return self.strategy.distribute_datasets_from_function(
         lambda ctx: self._per_replica(dataset_fn(ctx.input_pipeline_id,
-                                                 ctx.num_input_pipelines), per_replica))
+                                                 ctx.num_input_pipelines), per_replica,
+                                      logical_axes))
 
-  def _per_replica(self, dataset, per_replica):
+  def _per_replica(self, dataset, per_replica, logical_axes):
     local, k = self.local_replicas, self.spatial
     if k == 1:
       return dataset.rebatch(per_replica)
 
-    def slabs(batch):                       # host batch -> `local` (data shard, row slab) parts
+    def slabs(batch):                       # host batch -> `local` (data shard, slab) parts
       out = {}
       for key, x in batch.items():
         shards = tf.reshape(x, [local // k, per_replica] + x.shape[1:].as_list())
-        if x.shape.rank == 4:               # NHWC: split H into k slabs, slab-major per shard
-          b, h, w, c = shards.shape[1:]
-          shards = tf.reshape(shards, [local // k, b, k, h // k, w, c])
-          shards = tf.transpose(shards, [0, 2, 1, 3, 4, 5])
+        mesh_axes = mesh_lib.logical_to_mesh(logical_axes[key], self.shape)
+        if "spatial" in mesh_axes:          # split that dimension into k slabs, slab-major
+          dim = mesh_axes.index("spatial") + 1          # +1: the leading shard dimension
+          shape = shards.shape.as_list()
+          shards = tf.reshape(shards, shape[:dim] + [k, shape[dim] // k] + shape[dim + 1:])
+          order = list(range(len(shape) + 1))
+          order.insert(1, order.pop(dim))
+          shards = tf.transpose(shards, order)
         else:
           shards = tf.repeat(shards[:, None], k, axis=1)
         out[key] = tf.reshape(shards, [local] + shards.shape[2:].as_list())

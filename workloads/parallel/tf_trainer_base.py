@@ -1,6 +1,10 @@
 """What every TensorFlow trainer shares: the Trainer API (harness/workload.py) on a
-tf.distribute strategy (tf_runtime.StrategyRuntime). A workload's tf_trainer.py subclasses it
-and supplies the model, optimizer, loss, eval counts and datasets.
+tf.distribute strategy (tf_runtime.StrategyRuntime). A workload's tf_trainer.py subclasses
+StrategyTrainer and supplies only what is its own: the model, the optimizer, the loss and the
+eval step (and `accumulate`/`finalize` for a metric that is not a ratio of counts). The base
+owns the data plumbing: batch specs from the spec's batch layout, the datasets from the
+workload's input_pipeline module (distributed per replica by the runtime, using the layout's
+logical axis names), the synthetic batch, the compute dtype, and the loops.
 
 One replica runs the plain step, XLA-compiled (`train.jit_compile`). Several run it under
 `strategy.run` as a TF graph: the cross-replica collectives inside the step (batch norm, halo
@@ -9,6 +13,13 @@ replica's loss is its share of the global loss, the trainer sums gradients over 
 the optimizer (or, with weight-update sharding, tf_runtime.ShardedUpdate) applies the sum.
 `train(n)` runs n steps inside one tf.function (a tf.range loop over the distributed
 iterator), so the host syncs once per call.
+
+Evaluation runs in three phases, as in jax_trainer_base.py: `eval_step(batch)` per replica;
+`accumulate(acc, outputs)`; `finalize(acc)`. By default eval_step returns [correct, counted],
+the whole eval split runs in one tf.function summing them over replicas (one host sync), and
+finalize divides. With `eval_on_host = True` every batch's per-replica outputs are gathered
+(strategy.gather: from every worker, in replica order; a spatial group's duplicates dropped)
+and accumulated on the host; accumulate drops the examples whose 'mask' is 0.
 """
 import math
 
@@ -16,10 +27,16 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from harness import mesh
+from workloads.common.batching import eval_batches_per_host
 from workloads.parallel import tf_runtime
 
 
 class StrategyTrainer:
+  spec_module = None            # the workload's spec.py (batch_layout, SPEC)
+  pipeline = None               # the workload's input_pipeline.py (see resnet/input_pipeline.py)
+  eval_on_host = False
+
   # ------------------------------------------------------------------ what a workload supplies
   def make_model(self, runtime):
     """The Keras model; `runtime` is the StrategyRuntime when there are several replicas."""
@@ -33,28 +50,24 @@ class StrategyTrainer:
     """This replica's share of the global loss and its gradients."""
     raise NotImplementedError
 
-  def eval_counts(self, batch):
-    """[correct, counted] over this replica's part of an eval batch (padding masked)."""
+  def eval_step(self, batch):
+    """This replica's outputs for its part of an eval batch (default: [correct, counted],
+    padding masked)."""
     raise NotImplementedError
 
-  def batch_spec(self, batch_size, with_mask=False):
-    raise NotImplementedError
+  def accumulate(self, acc, outputs):
+    return outputs if acc is None else acc + outputs
 
-  def train_dataset(self, process_index, process_count):
-    """This host's slice of every global training batch (real, mini or synthetic data)."""
-    raise NotImplementedError
-
-  def eval_dataset(self, batch_size, process_index, process_count):
-    raise NotImplementedError
-
-  def eval_batches(self, batch_size):
-    """Eval batches every host runs (the same count on all hosts)."""
-    raise NotImplementedError
+  def finalize(self, acc):
+    correct, count = np.asarray(acc, np.float64)
+    return {self.spec_module.SPEC.metric.name: float(correct / count), "count": int(round(count))}
 
   # ------------------------------------------------------------------ shared
   def __init__(self, cfg, ctx):
     self.cfg, self.ctx = cfg, ctx
     self.runtime = rt = tf_runtime.StrategyRuntime(cfg.parallel)
+    spec = self.spec_module.SPEC
+    mesh.check_workload_axes(rt.shape, spec.name, spec.mesh_axes)
     self.strategy = rt.strategy
     gbs = cfg.train.global_batch_size
     if gbs % rt.data or gbs % rt.process_count:
@@ -65,8 +78,36 @@ class StrategyTrainer:
     gpus = tf.config.list_logical_devices("GPU")
     self.device_kind = (tf.config.experimental.get_device_details(
         tf.config.list_physical_devices("GPU")[0]).get("device_name", "GPU") if gpus else "cpu")
+    self.dtype = "mixed_bfloat16" if cfg.train.precision == "bfloat16" else "float32"
+    self.data_dir, self.train_examples = self.pipeline.data_source(cfg, ctx)
+    self.eval_examples = cfg.data.eval_examples
     self.sharded = None
     self._train_iter = self._eval_data = None
+
+  # ------------------------------------------------------------------ data
+  def batch_spec(self, batch_size, with_mask=False):
+    return {k: tf.TensorSpec(shape, dtype) for k, (shape, dtype, _) in
+            self.spec_module.batch_layout(self.cfg, batch_size, with_mask).items()}
+
+  def batch_axes(self, with_mask=False):
+    return {k: axes for k, (_, _, axes) in
+            self.spec_module.batch_layout(self.cfg, 1, with_mask).items()}
+
+  def train_dataset(self, process_index, process_count):
+    """This host's slice of every global training batch (real, mini or synthetic data)."""
+    cfg, gbs = self.cfg, self.cfg.train.global_batch_size
+    if cfg.data.source == "synthetic":
+      batch = self.pipeline.synthetic_batch(cfg, gbs // process_count, self.ctx.seed + 1)
+      specs = self.batch_spec(gbs // process_count)
+      return tf.data.Dataset.from_tensors(
+          {k: tf.constant(v, specs[k].dtype) for k, v in batch.items()}).repeat()
+    return self.pipeline.train_dataset(cfg, gbs, self.ctx.seed, self.data_dir, process_index,
+                                       process_count)
+
+  def eval_batches(self, batch_size):
+    """Eval batches every host runs (the same count on all hosts)."""
+    hosts = self.runtime.process_count
+    return eval_batches_per_host(self.eval_examples, batch_size // hosts, hosts)
 
   def build(self):
     """The model and optimizer, without compiling the steps (parity tests use this)."""
@@ -82,7 +123,7 @@ class StrategyTrainer:
         self.optimizer.build(self.model.trainable_variables)
     jit = self.cfg.train.jit_compile and not rt.distributed
     self._step = tf.function(self._train_step, jit_compile=jit)
-    self._eval_step = tf.function(self.eval_counts, jit_compile=jit)
+    self._eval_step = tf.function(self.eval_step, jit_compile=jit)
 
   def _train_step(self, batch):
     loss, grads = self.loss_and_grads(batch)
@@ -110,14 +151,33 @@ class StrategyTrainer:
       totals += self._replicated(self._eval_step, next(iterator))
     return totals
 
+  @tf.function
+  def _eval_gather(self, iterator):
+    """One eval batch's outputs from every replica of every worker, in replica order."""
+    outputs = self.strategy.run(self._eval_step, args=(next(iterator),))
+    if not self.runtime.distributed:
+      return outputs
+    return tf.nest.map_structure(lambda x: self.strategy.gather(x, axis=0), outputs)
+
+  def _drop_spatial_duplicates(self, outputs):
+    """Replica r = d * spatial + j: keep j = 0, which holds its data shard's examples."""
+    k = self.runtime.spatial
+    if k == 1:
+      return outputs
+    def first_slab(x):
+      x = x.reshape((self.runtime.data, k, -1) + x.shape[1:])
+      return x[:, 0].reshape((-1,) + x.shape[3:])
+    return {key: first_slab(v) for key, v in outputs.items()}
+
   def eval_batch_size(self):
     """cfg.data.eval_batch_size rounded up to a multiple of the data replicas and hosts."""
     unit = math.lcm(self.runtime.data, self.runtime.process_count)
     return math.ceil(self.cfg.data.eval_batch_size / unit) * unit
 
-  def _distributed(self, make_dataset, global_batch_size):
+  def _distributed(self, make_dataset, global_batch_size, with_mask=False):
     """make_dataset(process_index, process_count) -> this host's batches; per replica."""
-    return iter(self.runtime.distribute(make_dataset, global_batch_size))
+    return iter(self.runtime.distribute(make_dataset, global_batch_size,
+                                        self.batch_axes(with_mask)))
 
   def _state(self):
     """Every per-device value of the training state (replicas of mirrored variables included)."""
@@ -141,7 +201,10 @@ class StrategyTrainer:
     saved = [v.numpy() for v in state]
     gbs, eval_bs = self.cfg.train.global_batch_size, self.eval_batch_size()
     self._train_loop(self._distributed(zeros(gbs), gbs), tf.constant(1))
-    self._eval_loop(self._distributed(zeros(eval_bs, True), eval_bs), tf.constant(1))
+    if self.eval_on_host:
+      self._eval_gather(self._distributed(zeros(eval_bs, True), eval_bs, True))
+    else:
+      self._eval_loop(self._distributed(zeros(eval_bs, True), eval_bs, True), tf.constant(1))
     for var, value in zip(state, saved):
       var.assign(value)
 
@@ -161,11 +224,16 @@ class StrategyTrainer:
       raise ValueError("a synthetic run has no eval split")
     eval_bs = self.eval_batch_size()
     if self._eval_data is None:         # built once: its .cache() then serves every eval
-      make = lambda i, n: self.eval_dataset(eval_bs, i, n)
-      self._eval_data = self.runtime.distribute(make, eval_bs)
-    correct, count = self._eval_loop(iter(self._eval_data),
-                                     tf.constant(self.eval_batches(eval_bs))).numpy()
-    return {"accuracy": float(correct / count), "count": int(round(count))}
+      make = lambda i, n: self.pipeline.eval_dataset(self.cfg, eval_bs, self.data_dir, i, n)
+      self._eval_data = self.runtime.distribute(make, eval_bs, self.batch_axes(True))
+    iterator, batches = iter(self._eval_data), self.eval_batches(eval_bs)
+    if not self.eval_on_host:
+      return self.finalize(self._eval_loop(iterator, tf.constant(batches)).numpy())
+    acc = None
+    for _ in range(batches):
+      outputs = {k: v.numpy() for k, v in self._eval_gather(iterator).items()}
+      acc = self.accumulate(acc, self._drop_spatial_duplicates(outputs))
+    return self.finalize(acc)
 
   def describe(self):
     """Works before init: one replica needs only the built model and the traced (not compiled

@@ -19,8 +19,6 @@ from workloads.parallel.jax_runtime import DATA
 from workloads.parallel.jax_trainer_base import MeshTrainer
 from workloads.resnet import input_pipeline, jax_model, spec
 
-# tf.data only feeds the host here: keep TensorFlow off any GPU so JAX has all its memory.
-input_pipeline.tf.config.set_visible_devices([], "GPU")
 
 
 class TrainState(train_state.TrainState):
@@ -73,13 +71,12 @@ def eval_step(state, batch):
 
 
 class ResNetTrainer(MeshTrainer):
+  spec_module, pipeline = spec, input_pipeline
+
   def __init__(self, cfg, ctx):
     super().__init__(cfg, ctx)
-    self.train_examples = cfg.data.train_examples
-    self.eval_examples = cfg.data.eval_examples
-    dtype = jnp.bfloat16 if cfg.train.precision == "bfloat16" else jnp.float32
     self.model = jax_model.ResNet(stage_sizes=cfg.model.stage_sizes, width=cfg.model.width,
-                                  num_classes=cfg.model.num_classes, dtype=dtype,
+                                  num_classes=cfg.model.num_classes, dtype=self.dtype,
                                   bn_axis_name="bn" if self.runtime.grouped_bn else None)
     self.schedule = schedules.warmup_poly_for(cfg.optimizer, cfg.train, self.train_examples)
     self.tx = jax_optimizers.make_optimizer(cfg.optimizer, self.schedule)   # one object: the
@@ -93,34 +90,15 @@ class ResNetTrainer(MeshTrainer):
   def init(self):
     """Initialises the state on the mesh and compiles both steps (before run_start)."""
     rng = jax.random.key(self.ctx.seed)
-    shardings = self.runtime.state_shardings(jax.eval_shape(self._create_state, rng))
+    shardings = self.state_shardings(self._create_state, rng)
     self.state = jax.jit(self._create_state, out_shardings=shardings)(rng)
     step = functools.partial(train_step, runtime=self.runtime,
                              num_classes=self.cfg.model.num_classes,
                              label_smoothing=self.cfg.optimizer.label_smoothing)
-    self.compile_steps(step, eval_step, shardings)
+    self.compile_steps(step, shardings)
 
-  # --------------------------------------------------------------- data
-  def batch_layout(self, batch_size, with_mask=False):
-    return spec.batch_layout(self.cfg, batch_size, with_mask)
-
-  def train_dataset(self, process_index, process_count):
-    return input_pipeline.train_dataset(
-        self.cfg, self.cfg.train.global_batch_size, seed=self.ctx.seed,
-        data_dir=self.ctx.data_dir, process_index=process_index, process_count=process_count)
-
-  def eval_dataset(self, batch_size, process_index, process_count):
-    return input_pipeline.eval_dataset(self.cfg, batch_size, data_dir=self.ctx.data_dir,
-                                       process_index=process_index, process_count=process_count)
-
-  def synthetic_batch(self):
-    gbs, size = self.cfg.train.global_batch_size, self.cfg.data.image_size
-    key_img, key_lbl = jax.random.split(jax.random.key(self.ctx.seed + 1))
-    shapes = self.batch_shapes(gbs)
-    return jax.jit(lambda: {
-        "image": jax.random.normal(key_img, (gbs, size, size, 3), jnp.float32),
-        "label": jax.random.randint(key_lbl, (gbs,), 0, self.cfg.model.num_classes)},
-        out_shardings={k: s.sharding for k, s in shapes.items()})()
+  def eval_step(self, state, batch):
+    return eval_step(state, batch)
 
 
 def make_trainer(cfg, ctx):

@@ -1,12 +1,13 @@
 """ResNet-50 v1.5 on ImageNet (MLPerf `resnet`): configs and presets, framework-neutral."""
 import dataclasses
 
-from harness import rules
-from harness.config import (OptimizerConfig, ParallelConfig, TrainConfig, _check_choice,
-                            _positive)
+from harness import cadence, rules
+from harness.config import TrainConfig, in_range, key_of, one_of, positive
 from harness.errors import UsageError
-from harness.workload import WorkloadSpec
+from harness.mesh import ParallelConfig
+from harness.workload import TOP1, WorkloadSpec
 from workloads.optim import schedules
+from workloads.optim.configs import LarsSgdConfig
 
 IMAGENET_TRAIN_EXAMPLES = 1_281_167
 IMAGENET_EVAL_EXAMPLES = 50_000
@@ -19,9 +20,9 @@ class ModelConfig:
   num_classes: int = 1000
 
   def validate(self):
-    _positive(self, "width", "num_classes")
+    positive(self, "width", "num_classes")
     if not self.stage_sizes or min(self.stage_sizes) < 1:
-      raise UsageError(f"model.stage_sizes={self.stage_sizes!r} is out of range; allowed: "
+      raise UsageError(f"{key_of(self, 'stage_sizes')}={self.stage_sizes!r} is out of range; allowed: "
                        "one or more positive block counts, e.g. 3,4,6,3")
 
 
@@ -38,19 +39,17 @@ class DataConfig:
   mini_pixel_noise: float = 2.0    # Gaussian noise on the generated images (task difficulty)
 
   def validate(self):
-    _check_choice("data.source", self.source, ("imagenet2012", "mini", "synthetic"))
-    _positive(self, "image_size", "train_examples", "eval_examples", "eval_batch_size",
-              "shuffle_buffer")
-    if not 0.0 <= self.mini_label_noise < 1.0:
-      raise UsageError(f"data.mini_label_noise={self.mini_label_noise!r} is out of range; "
-                       "allowed: 0 <= value < 1")
+    one_of(self, "source", ("imagenet2012", "mini", "synthetic"))
+    positive(self, "image_size", "train_examples", "eval_examples", "eval_batch_size",
+             "shuffle_buffer")
+    in_range(self, "mini_label_noise", 0.0, 0.99)
 
 
 @dataclasses.dataclass
 class ResNetConfig:
   model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
   data: DataConfig = dataclasses.field(default_factory=DataConfig)
-  optimizer: OptimizerConfig = dataclasses.field(default_factory=OptimizerConfig)
+  optimizer: LarsSgdConfig = dataclasses.field(default_factory=LarsSgdConfig)
   train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
   parallel: ParallelConfig = dataclasses.field(default_factory=ParallelConfig)
 
@@ -59,13 +58,13 @@ def reference() -> ResNetConfig:
   """The MLPerf reference recipe at global batch 4096 (RCP mean: 40 epochs to 75.9%).
   Target and eval cadence come from rules/resnet.yaml."""
   mlperf = rules.load("resnet")
+  train = TrainConfig(global_batch_size=4096, max_epochs=45, target=mlperf.target,
+                      precision="bfloat16")
   return ResNetConfig(
-      optimizer=OptimizerConfig(name="lars", base_learning_rate=10.0, warmup_epochs=5,
-                                end_learning_rate=1e-4, decay_poly_power=2.0,
-                                weight_decay=2e-4, momentum=0.9, label_smoothing=0.1),
-      train=TrainConfig(global_batch_size=4096, max_epochs=45,
-                        eval_every_epochs=mlperf.eval_cadence["every"], eval_offset_epochs=0,
-                        target=mlperf.target, precision="bfloat16"))
+      optimizer=LarsSgdConfig(name="lars", base_learning_rate=10.0, warmup_epochs=5,
+                              end_learning_rate=1e-4, decay_poly_power=2.0,
+                              weight_decay=2e-4, momentum=0.9, label_smoothing=0.1),
+      train=cadence.apply_rules(train, mlperf.eval_cadence))
 
 
 def synthetic() -> ResNetConfig:
@@ -81,21 +80,45 @@ def mini() -> ResNetConfig:
       model=ModelConfig(stage_sizes=(1, 1, 1, 1), width=8, num_classes=10),
       data=DataConfig(source="mini", image_size=32, train_examples=4096, eval_examples=1000,
                       eval_batch_size=256, shuffle_buffer=4096, mini_pixel_noise=2.0),
-      optimizer=OptimizerConfig(name="lars", base_learning_rate=2.0, warmup_epochs=1,
-                                end_learning_rate=1e-4, decay_poly_power=2.0,
-                                weight_decay=1e-4, momentum=0.9, label_smoothing=0.1),
+      optimizer=LarsSgdConfig(name="lars", base_learning_rate=2.0, warmup_epochs=1,
+                              end_learning_rate=1e-4, decay_poly_power=2.0,
+                              weight_decay=1e-4, momentum=0.9, label_smoothing=0.1),
       train=TrainConfig(global_batch_size=64, max_epochs=16, eval_every_epochs=1,
                         target=0.90, precision="float32"))
 
 
+def tiny() -> ResNetConfig:
+  """The smallest config that runs every code path (the contract test's): two stages of
+  width 4 on 16x16 mini images."""
+  cfg = mini()
+  cfg.model = ModelConfig(stage_sizes=(1, 1), width=4, num_classes=10)
+  cfg.data = DataConfig(source="mini", image_size=16, train_examples=64, eval_examples=40,
+                        eval_batch_size=16, shuffle_buffer=64)
+  cfg.train.global_batch_size = 16
+  cfg.train.max_epochs = 2
+  return cfg
+
+
 def batch_layout(cfg: ResNetConfig, batch_size: int, with_mask: bool = False) -> dict:
-  """{name: (shape, dtype)} of a batch as the input pipeline yields it; each framework turns
-  this into its own specs (jax.ShapeDtypeStruct, tf.TensorSpec) to compile before any data."""
+  """{name: (shape, dtype, logical axes)} of a batch as the input pipeline yields it; each
+  framework turns this into its own specs (jax.ShapeDtypeStruct with a sharding from the
+  logical axes, tf.TensorSpec) to compile before any data."""
   size = cfg.data.image_size
-  layout = {"image": ((batch_size, size, size, 3), "float32"), "label": ((batch_size,), "int32")}
+  layout = {"image": ((batch_size, size, size, 3), "float32",
+                      ("batch", "height", "width", "channels")),
+            "label": ((batch_size,), "int32", ("batch",))}
   if with_mask:
-    layout["mask"] = ((batch_size,), "float32")
+    layout["mask"] = ((batch_size,), "float32", ("batch",))
   return layout
+
+
+# Every parameter's logical axes (flax paths; the Keras model maps its names onto these).
+PARAM_AXES = (
+    (r"classifier/kernel", ("channels", "classes")),
+    (r"classifier/bias", ("classes",)),
+    (r".*/kernel", ("kernel_h", "kernel_w", "conv_in", "conv_out")),   # convolutions
+    (r".*(BatchNorm|bn)[^/]*/(scale|bias)", ("channels",)),
+)
 
 
 def mllog_hyperparameters(cfg: ResNetConfig, train_examples: int) -> dict:
@@ -124,8 +147,8 @@ SPEC = WorkloadSpec(
     name="resnet50",
     mlperf_benchmark="resnet",
     title="ResNet-50 v1.5 on ImageNet",
-    metric_name="top1_accuracy",
-    presets={"mini": mini, "reference": reference, "synthetic": synthetic},
+    metric=TOP1,
+    presets={"mini": mini, "reference": reference, "synthetic": synthetic, "tiny": tiny},
     trainer_modules={"jax": "workloads.resnet.jax_trainer", "tf": "workloads.resnet.tf_trainer"},
     mllog_hyperparameters=mllog_hyperparameters,
     # Samples per batch-norm statistic: group size x per-replica batch (all replicas: the
@@ -133,4 +156,7 @@ SPEC = WorkloadSpec(
     bn_span=lambda cfg, data_replicas: (
         (cfg.parallel.bn_group_size or data_replicas)
         * cfg.train.global_batch_size // data_replicas),
+    mesh_axes=("data", "spatial"),
+    split_dims=lambda cfg: {"height": cfg.data.image_size},
+    param_axes=PARAM_AXES,
 )

@@ -19,19 +19,18 @@ def cross_entropy_sum(logits, labels, num_classes, label_smoothing):
 
 
 class ResNetTrainer(StrategyTrainer):
+  spec_module, pipeline = spec, input_pipeline
+
   def __init__(self, cfg, ctx):
     super().__init__(cfg, ctx)
     tf_model.check_spatial_partitions(cfg.model.stage_sizes, cfg.data.image_size,
                                       self.runtime.spatial)
-    self.train_examples = cfg.data.train_examples
-    self.eval_examples = cfg.data.eval_examples
     self.schedule = schedules.warmup_poly_for(cfg.optimizer, cfg.train, self.train_examples)
 
   def make_model(self, runtime):
     cfg = self.cfg
-    dtype = "mixed_bfloat16" if cfg.train.precision == "bfloat16" else "float32"
     return tf_model.resnet(cfg.model.stage_sizes, cfg.model.num_classes, cfg.model.width,
-                           cfg.data.image_size, dtype=dtype, runtime=runtime)
+                           cfg.data.image_size, dtype=self.dtype, runtime=runtime)
 
   def make_optimizer(self):
     optimizer = tf_optimizers.make_optimizer(
@@ -50,36 +49,13 @@ class ResNetTrainer(StrategyTrainer):
                                    cfg.train.global_batch_size * self.runtime.spatial)
     return loss, tape.gradient(loss, self.model.trainable_variables)
 
-  def eval_counts(self, batch):
+  def eval_step(self, batch):
     logits = self.model(batch["image"], training=False)
     correct = tf.cast(tf.argmax(logits, -1, output_type=tf.int32) == batch["label"], tf.float32)
     mask = batch["mask"]
     if self.runtime.spatial > 1:                # a spatial group counts its examples once
       mask = mask * tf.cast(self.runtime.spatial_index() == 0, tf.float32)
     return tf.stack([tf.reduce_sum(correct * mask), tf.reduce_sum(mask)])
-
-  def batch_spec(self, batch_size, with_mask=False):
-    return {k: tf.TensorSpec(shape, dtype)
-            for k, (shape, dtype) in spec.batch_layout(self.cfg, batch_size, with_mask).items()}
-
-  def train_dataset(self, process_index, process_count):
-    cfg, gbs = self.cfg, self.cfg.train.global_batch_size
-    if cfg.data.source == "synthetic":
-      size, host = cfg.data.image_size, gbs // process_count
-      gen = tf.random.Generator.from_seed(self.ctx.seed + 1)
-      batch = {"image": gen.normal((host, size, size, 3)),
-               "label": gen.uniform((host,), 0, cfg.model.num_classes, dtype=tf.int32)}
-      return tf.data.Dataset.from_tensors(batch).repeat()
-    return input_pipeline.train_dataset(cfg, gbs, seed=self.ctx.seed, data_dir=self.ctx.data_dir,
-                                        process_index=process_index, process_count=process_count)
-
-  def eval_dataset(self, batch_size, process_index, process_count):
-    return input_pipeline.eval_dataset(self.cfg, batch_size, data_dir=self.ctx.data_dir,
-                                       process_index=process_index, process_count=process_count)
-
-  def eval_batches(self, batch_size):
-    hosts = self.runtime.process_count
-    return input_pipeline.eval_batches_per_host(self.eval_examples, batch_size // hosts, hosts)
 
 
 def make_trainer(cfg, ctx):

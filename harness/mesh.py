@@ -1,0 +1,220 @@
+"""Named mesh axes, declared once for every framework (DESIGN §4).
+
+A run's devices form a mesh with named axes: `data` (data-parallel replicas, split into groups
+of `bn_group_size` for batch norm), `model` (tensor/Mesh-TF model parallelism), `stage`
+(pipeline stages), `expert` (MoE experts) and `spatial` (image rows). `--mesh data=2,model=4`
+gives their sizes. Tensors never name mesh axes: they carry *logical* axis names (batch, embed,
+heads, height, ...), and one rule table (t5x / flax `logical_axis_rules`; Mesh-TF's
+"batch:data;d_ff:model;heads:model;vocab:model") maps those to mesh axes. Each workload maps its
+parameter paths to logical names in one table (its spec's `param_axes`), read by both
+frameworks. Layouts change speed, never results: every layout is tested equal to one device.
+
+Everything here is plain Python, so the fit check runs before TensorFlow or JAX is imported.
+"""
+import dataclasses
+import math
+import re
+
+from harness.errors import UsageError
+
+AXES = ("data", "model", "stage", "expert", "spatial")
+
+# Logical tensor dimension -> mesh axis (None: never split). First match wins, and a mesh axis
+# splits at most one dimension of a tensor (a later dimension mapping to a used axis stays whole).
+LOGICAL_AXIS_RULES = (
+    ("batch", "data"),
+    ("height", "spatial"),
+    ("width", None),
+    ("channels", None),          # conv feature maps
+    ("conv_in", None), ("conv_out", None), ("kernel_h", None), ("kernel_w", None),
+    ("length", None),            # sequence positions
+    ("embed", None),             # d_model
+    ("mlp", "model"),            # d_ff
+    ("heads", "model"),
+    ("kv", None),                # per-head dimension
+    ("vocab", "model"),
+    ("classes", None),
+    ("experts", "expert"),
+    ("stages", "stage"),
+)
+LOGICAL_AXES = tuple(name for name, _ in LOGICAL_AXIS_RULES)
+
+# The mesh axes each framework runtime executes today (workloads/parallel/*_runtime.py check
+# that they agree). Model, stage and expert parallelism arrive with the Mesh-TF / GPipe / MoE
+# issue; until then a mesh that uses them is a one-line error before any framework loads.
+RUNTIME_AXES = {"jax": ("data", "spatial"), "tf": ("data", "spatial")}
+
+
+@dataclasses.dataclass
+class ParallelConfig:
+  """How a run spreads over devices and hosts; every framework runtime reads the same keys."""
+  mesh: str = ""                      # "data=8", "data=4,spatial=2", "data=2,model=4"; "": all on data
+  bn_group_size: int = 0              # data replicas pooling batch-norm statistics; 0: all
+  weight_update_sharding: bool = False   # optimizer state + update sharded over data replicas
+  spatial_partitions: int = 1         # shorthand for the mesh's spatial axis (image height)
+  coordinator: str = ""               # HOST:PORT of process 0, for multi-host runs
+  num_processes: int = 1
+  process_id: int = 0
+  heartbeat_timeout_s: int = 30       # a peer silent this long ends the run with an error
+
+  def axes(self) -> dict[str, int]:
+    """{axis: size} for every named axis; data = 0 means 'all remaining devices'."""
+    axes = parse_mesh(self.mesh)
+    if "spatial" in axes and self.spatial_partitions not in (1, axes["spatial"]):
+      raise UsageError(f"--spatial-partitions {self.spatial_partitions} contradicts --mesh "
+                       f"{self.mesh!r}; allowed: the same spatial size or only one of them")
+    axes.setdefault("spatial", self.spatial_partitions)
+    return {name: axes.get(name, 0 if name == "data" else 1) for name in AXES}
+
+  def validate(self):
+    from harness.config import in_range, key_of  # config imports nothing from here
+    self.axes()
+    in_range(self, "bn_group_size", 0, None)
+    in_range(self, "spatial_partitions", 1, None)
+    in_range(self, "num_processes", 1, None)
+    in_range(self, "process_id", 0, self.num_processes - 1)
+    in_range(self, "heartbeat_timeout_s", 1, None)
+    data = self.axes()["data"]
+    if data and self.bn_group_size and data % self.bn_group_size:
+      raise UsageError(f"--bn-group-size {self.bn_group_size} does not divide the data axis "
+                       f"({data}); allowed: a divisor of {data}")
+    if self.num_processes > 1:
+      host, sep, port = self.coordinator.rpartition(":")
+      if not sep or not host or not port.isdigit():
+        raise UsageError(f"--coordinator {self.coordinator!r}: a multi-host run needs "
+                         f"HOST:PORT of process 0 ({key_of(self, 'coordinator')}), "
+                         "e.g. 127.0.0.1:12345")
+
+
+def parse_mesh(text: str) -> dict[str, int]:
+  """'data=2,model=4' -> {'data': 2, 'model': 4}; a one-line error for anything else."""
+  axes = {}
+  for item in filter(None, (part.strip() for part in text.split(","))):
+    name, sep, size = (s.strip() for s in item.partition("="))
+    if not sep or name not in AXES or not size.isdigit() or int(size) < 1 or name in axes:
+      raise UsageError(f"--mesh {text!r}: bad axis {item!r}; allowed: NAME=SIZE with NAME in "
+                       f"{', '.join(AXES)}, each once, e.g. data=4,spatial=2 or data=2,model=4")
+    axes[name] = int(size)
+  return axes
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshShape:
+  """The sizes of a run's mesh axes, with the batch-norm group size on the data axis."""
+  data: int
+  model: int = 1
+  stage: int = 1
+  expert: int = 1
+  spatial: int = 1
+  bn_group_size: int = 0             # 0 before it is resolved; then a divisor of data
+
+  def size(self, axis: str) -> int:
+    return getattr(self, axis)
+
+  @property
+  def devices(self) -> int:
+    return math.prod(self.size(a) for a in AXES)
+
+  @property
+  def description(self) -> str:
+    """'data=4,spatial=2': data always, other axes when split (the result row's `mesh`)."""
+    return ",".join(f"{a}={self.size(a)}" for a in AXES if a == "data" or self.size(a) > 1)
+
+
+def mesh_shape(parallel: ParallelConfig, available: int) -> MeshShape:
+  """The mesh of a run on `available` devices, the same for every framework runtime; a
+  ValueError (the CLI's one-line error) when it does not fit."""
+  axes = parallel.axes()
+  others = math.prod(axes[a] for a in AXES if a != "data")
+  data = axes["data"] or available // others
+  needed = max(data, 1) * others
+  if needed > available or data < 1:
+    spelled = ",".join(f"{a}={axes[a] or data}" for a in AXES if a == "data" or axes[a] > 1)
+    raise ValueError(f"--mesh {spelled} needs {needed} devices; {available} available")
+  group = parallel.bn_group_size or data
+  if data % group:
+    raise ValueError(f"--bn-group-size {group} does not divide the data axis ({data})")
+  if axes["spatial"] > 1 and group != data:
+    raise ValueError("--bn-group-size with --spatial-partitions > 1: grouped batch norm runs "
+                     "only without spatial partitioning")
+  return MeshShape(data=data, model=axes["model"], stage=axes["stage"], expert=axes["expert"],
+                   spatial=axes["spatial"], bn_group_size=group)
+
+
+def check_workload_axes(shape: MeshShape, workload: str, workload_axes):
+  """ValueError when the mesh splits an axis the workload has no dimension on (the trainers'
+  check, for configs that did not come through the CLI)."""
+  for axis in AXES:
+    if shape.size(axis) > 1 and axis not in workload_axes:
+      raise ValueError(f"--mesh axis {axis}={shape.size(axis)}: {workload} has no dimension "
+                       f"laid out on it; allowed axes for {workload}: {', '.join(workload_axes)}")
+
+
+def check_fits(parallel: ParallelConfig, *, framework: str, workload: str,
+               workload_axes: tuple[str, ...], global_batch_size: int,
+               dims: dict[str, int] | None = None, devices: int | None = None):
+  """The one fit check, before any framework loads: axes the runtime and the workload support,
+  the device count (when known, e.g. --cpu-devices), batch divisibility by the data axis and
+  the hosts, and each split logical dimension (`dims`, e.g. {'height': 224}) by its axis."""
+  axes = parallel.axes()
+  runtime = RUNTIME_AXES[framework]
+  for axis in AXES:
+    if axes[axis] > 1 and axis not in runtime:
+      raise UsageError(f"--mesh axis {axis}={axes[axis]}: the {framework} runtime does not "
+                       f"run it yet; allowed axes: {', '.join(runtime)}")
+  try:
+    check_workload_axes(MeshShape(**{**axes, "data": max(axes["data"], 1)}), workload,
+                        workload_axes)
+  except ValueError as e:
+    raise UsageError(str(e)) from None
+  if devices is not None:
+    try:
+      mesh_shape(parallel, devices)
+    except ValueError as e:
+      raise UsageError(f"{e} (--cpu-devices)") from None
+  data = axes["data"]
+  if data and global_batch_size % data:
+    raise UsageError(f"train.global_batch_size={global_batch_size} is not divisible by the "
+                     f"data axis ({data}); allowed: a multiple of {data}")
+  if global_batch_size % parallel.num_processes:
+    raise UsageError(f"train.global_batch_size={global_batch_size} is not divisible by "
+                     f"--num-processes {parallel.num_processes}")
+  for logical, size in (dims or {}).items():
+    axis = dict(LOGICAL_AXIS_RULES)[logical]
+    if axis and axes[axis] > 1 and size % axes[axis]:
+      flag = "--spatial-partitions" if axis == "spatial" else f"--mesh {axis}="
+      raise UsageError(f"{flag} {axes[axis]} does not divide the {logical} size {size}; "
+                       f"allowed: a divisor of {size}")
+  if axes["spatial"] > 1 and parallel.bn_group_size and parallel.bn_group_size != data:
+    raise UsageError("--bn-group-size with --spatial-partitions > 1: grouped batch norm runs "
+                     "only without spatial partitioning; allowed: --bn-group-size 0 (all)")
+
+
+def logical_to_mesh(logical_axes, mesh: MeshShape | None = None, rules=LOGICAL_AXIS_RULES):
+  """Logical names of a tensor's dimensions -> the mesh axis splitting each (None: whole).
+  With `mesh`, axes of size 1 map to None. Unknown logical names are an error (a typo in a
+  table would silently replicate)."""
+  table = dict(rules)
+  used, out = set(), []
+  for name in logical_axes:
+    if name is not None and name not in table:
+      raise ValueError(f"unknown logical axis {name!r}; known: {', '.join(table)}")
+    axis = table.get(name) if name is not None else None
+    if axis is not None and (axis in used or (mesh is not None and mesh.size(axis) == 1)):
+      axis = None
+    if axis is not None:
+      used.add(axis)
+    out.append(axis)
+  return tuple(out)
+
+
+def param_axes(table, path: str, ndim: int) -> tuple:
+  """Logical axes of the parameter at `path` ('encoder/layer_0/attention/query/kernel'): the
+  first (regex, axes) of a workload's table whose regex matches the whole path."""
+  for pattern, axes in table:
+    if re.fullmatch(pattern, path):
+      if len(axes) != ndim:
+        raise ValueError(f"parameter {path}: table entry {pattern!r} names {len(axes)} axes "
+                         f"for a {ndim}-d array")
+      return tuple(axes)
+  raise ValueError(f"parameter {path} matches no entry of the workload's param_axes table")

@@ -1,0 +1,83 @@
+"""Named mesh axes (harness/mesh.py): parsing, the one fit check, the logical-axis rule table
+and every workload's parameter table. Plain Python: no framework is imported."""
+import pytest
+
+from harness import mesh, registry
+from harness.errors import UsageError
+
+
+def test_mesh_syntax_names_every_axis():
+  parallel = mesh.ParallelConfig(mesh="data=2,model=4")
+  assert parallel.axes() == {"data": 2, "model": 4, "stage": 1, "expert": 1, "spatial": 1}
+  assert mesh.ParallelConfig(spatial_partitions=2).axes()["spatial"] == 2
+  shape = mesh.mesh_shape(mesh.ParallelConfig(mesh="spatial=2"), 8)
+  assert (shape.data, shape.spatial, shape.devices, shape.description) == (4, 2, 8, "data=4,spatial=2")
+
+
+@pytest.mark.parametrize("text", ["gpu=2", "data=0", "data=x", "data", "data=2,data=2"])
+def test_bad_mesh_is_one_line_naming_the_axes(text):
+  with pytest.raises(UsageError, match="allowed: NAME=SIZE with NAME in data, model, stage, "
+                                       "expert, spatial"):
+    mesh.parse_mesh(text)
+
+
+def test_axis_products_must_fit_the_devices():
+  with pytest.raises(ValueError, match="--mesh data=4,model=4 needs 16 devices; 8 available"):
+    mesh.mesh_shape(mesh.ParallelConfig(mesh="data=4,model=4"), 8)
+  assert mesh.mesh_shape(mesh.ParallelConfig(mesh="model=2"), 8).data == 4
+
+
+def _fits(text, framework="jax", workload="bert", **kw):
+  spec = registry.get(workload)
+  cfg = spec.config("mini")
+  mesh.check_fits(mesh.ParallelConfig(mesh=text), framework=framework, workload=spec.name,
+                  workload_axes=spec.mesh_axes, global_batch_size=kw.get("gbs", 32),
+                  dims=spec.split_dims(cfg), devices=kw.get("devices"))
+
+
+@pytest.mark.parametrize("text, kw, message", [
+    ("data=2,model=4", {}, "--mesh axis model=4: the jax runtime does not run it yet; "
+                           "allowed axes: data, spatial"),
+    ("data=4,spatial=2", {}, "bert has no dimension laid out on it; allowed axes for bert: data"),
+    ("data=3", {}, "train.global_batch_size=32 is not divisible by the data axis"),
+    ("data=16", {"devices": 8}, "needs 16 devices; 8 available"),
+])
+def test_fit_check_before_any_framework(text, kw, message):
+  with pytest.raises(UsageError, match=message.replace("(", r"\(").replace(")", r"\)")):
+    _fits(text, **kw)
+
+
+def test_fit_check_splits_logical_dimensions_by_their_axis():
+  with pytest.raises(UsageError, match="does not divide the height size 32"):
+    _fits("spatial=3", workload="resnet50", devices=6, gbs=64)
+  _fits("data=4,spatial=2", workload="resnet50", devices=8, gbs=64)
+
+
+def test_logical_rules_map_names_to_mesh_axes_once_per_tensor():
+  assert mesh.logical_to_mesh(("batch", "height", "width", "channels")) == (
+      "data", "spatial", None, None)
+  assert mesh.logical_to_mesh(("embed", "mlp")) == (None, "model")
+  assert mesh.logical_to_mesh(("heads", "vocab")) == ("model", None)     # model used once
+  small = mesh.MeshShape(data=8)
+  assert mesh.logical_to_mesh(("batch", "height"), small) == ("data", None)   # spatial=1
+  with pytest.raises(ValueError, match="unknown logical axis 'hieght'"):
+    mesh.logical_to_mesh(("batch", "hieght"))
+
+
+@pytest.mark.parametrize("name", registry.names())
+def test_every_parameter_of_every_workload_has_logical_axes(name):
+  """The table gives every parameter of the model logical axes of the right rank (shapes from
+  jax.eval_shape of the tiny preset's state)."""
+  import jax
+  from workloads.parallel.jax_runtime import path_name
+  spec = registry.get(name)
+  cfg = spec.configure("tiny")
+  trainer_module = __import__(spec.trainer_modules["jax"], fromlist=["make_trainer"])
+  from harness.workload import RunContext
+  trainer = trainer_module.make_trainer(cfg, RunContext(seed=0, preset="tiny"))
+  shapes = jax.eval_shape(trainer._create_state, jax.random.key(0)).params
+  names = set()
+  for path, leaf in jax.tree_util.tree_leaves_with_path(shapes):
+    axes = mesh.param_axes(spec.param_axes, path_name(path), leaf.ndim)
+    names.update(a for a in axes if a)
+  assert names <= set(mesh.LOGICAL_AXES) and names

@@ -1,0 +1,67 @@
+"""Optimizer configs shared by workloads (TF Model Garden's optimizer registry, minus the
+indirection): each is a dataclass with the MLPerf reference's names and defaults, validated
+with the harness's public validators, read by jax_optimizers.py and tf_optimizers.py alike."""
+import dataclasses
+
+from harness.config import in_range, one_of, positive
+
+
+@dataclasses.dataclass
+class LarsSgdConfig:
+  """LARS / SGD+momentum with linear warmup then polynomial decay (MLPerf ResNet)."""
+  name: str = "lars"                  # lars | sgd
+  base_learning_rate: float = 10.0
+  warmup_epochs: float = 5.0
+  end_learning_rate: float = 1e-4
+  decay_poly_power: float = 2.0
+  weight_decay: float = 2e-4
+  momentum: float = 0.9
+  lars_eta: float = 0.001             # trust coefficient
+  lars_epsilon: float = 0.0
+  label_smoothing: float = 0.1
+
+  def summary(self) -> str:
+    return (f"{self.name} (base lr {self.base_learning_rate}, warmup {self.warmup_epochs} "
+            f"epochs, weight decay {self.weight_decay}, momentum {self.momentum})")
+
+  def validate(self):
+    one_of(self, "name", ("lars", "sgd"))
+    positive(self, "base_learning_rate")
+    for field in ("warmup_epochs", "end_learning_rate", "weight_decay", "lars_epsilon"):
+      in_range(self, field, 0.0, None)
+    in_range(self, "momentum", 0.0, 1.0)
+    in_range(self, "label_smoothing", 0.0, 1.0)
+    positive(self, "lars_eta", "decay_poly_power")
+
+
+@dataclasses.dataclass
+class LambConfig:
+  """LAMB and its schedule as the MLPerf BERT reference flags name them (run_pretraining.py)."""
+  name: str = "lamb"
+  base_learning_rate: float = 0.00035        # --learning_rate
+  beta_1: float = 0.9                        # --lamb_beta_1
+  beta_2: float = 0.999                      # --lamb_beta_2
+  epsilon: float = 1e-6                      # 10 ** --log_epsilon
+  weight_decay_rate: float = 0.01            # --lamb_weight_decay_rate
+  training_steps: int = 0                    # --num_train_steps: lr decays to 0 here; 0: derived
+                                             # from the sample budget (spec.derive)
+  warmup_steps: int = 0                      # --num_warmup_steps
+  start_warmup_step: int = 0                 # --start_warmup_step
+  decay_poly_power: float = 1.0              # --poly_power
+  clip_norm: float = 1.0                     # tf.clip_by_global_norm before the update
+
+  def validate(self):
+    one_of(self, "name", ("lamb",))
+    positive(self, "base_learning_rate", "epsilon", "decay_poly_power")
+    in_range(self, "training_steps", 0, None)
+    in_range(self, "beta_1", 0.0, 1.0)
+    in_range(self, "beta_2", 0.0, 1.0)
+    in_range(self, "weight_decay_rate", 0.0, None)
+    in_range(self, "warmup_steps", 0, None)
+    in_range(self, "clip_norm", 0.0, None)
+
+  def summary(self) -> str:
+    return (f"lamb (base lr {self.base_learning_rate}, warmup {self.warmup_steps} steps from "
+            f"step {self.start_warmup_step}, linear decay to 0 at step {self.training_steps}, "
+            f"betas {self.beta_1}/{self.beta_2}, eps {self.epsilon}, weight decay "
+            f"{self.weight_decay_rate}, clip norm {self.clip_norm})")
