@@ -1,5 +1,6 @@
 """One process of a multi-host JAX test run: trains the tiny ResNet for a few steps on the mesh
-spanning every process, evaluates, and (process 0) saves the parameters.
+spanning every process, evaluates through the host (tests/host_eval.py: every process's
+outputs gathered), and (process 0) saves the parameters and the eval.
 
   python tests/jax_multihost_worker.py OUT.npz NUM_PROCESSES PROCESS_ID PORT DEVICES [--die]
 """
@@ -14,12 +15,12 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import numpy as np  # noqa: E402
 
 from harness.workload import RunContext  # noqa: E402
-from tests.test_jax_distributed import tiny_config  # noqa: E402
-from workloads.resnet import spec  # noqa: E402
+from tests.host_eval import jax_trainer_class  # noqa: E402
+from tests.parallel.test_jax_distributed import tiny_config  # noqa: E402
 
 cfg = tiny_config(num_processes=int(num_processes), process_id=int(process_id),
                   coordinator=f"127.0.0.1:{port}", heartbeat_timeout_s=5)
-trainer = spec.SPEC.make_trainer("jax", cfg, RunContext(seed=0, preset="mini"))
+trainer = jax_trainer_class()(cfg, RunContext(seed=0, preset="mini"))
 trainer.init()
 if "--die" in sys.argv:
   os._exit(3)                       # a process that dies after start-up
@@ -30,5 +31,5 @@ if int(process_id) == 0:
   flat = {"/".join(str(k.key) for k in path): np.asarray(jax.device_get(v))
           for path, v in jax.tree_util.tree_leaves_with_path(trainer.state.params)}
   np.savez(out, loss=metrics["loss"], accuracy=evaluation["top1_accuracy"],
-           count=evaluation["count"], **flat)
+           count=evaluation["count"], rows_seen=evaluation["rows_seen"], **flat)
 print("worker done", process_id, flush=True)

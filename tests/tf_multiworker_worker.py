@@ -15,12 +15,12 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import numpy as np  # noqa: E402
 
 from harness.workload import RunContext  # noqa: E402
-from tests.test_tf_distributed import tiny_config  # noqa: E402
-from workloads.resnet import spec  # noqa: E402
+from tests.host_eval import tf_trainer_class  # noqa: E402
+from tests.parallel.test_tf_distributed import tiny_config  # noqa: E402
 
 cfg = tiny_config(num_processes=int(num_processes), process_id=int(process_id),
                   coordinator=f"127.0.0.1:{port}", heartbeat_timeout_s=5)
-trainer = spec.SPEC.make_trainer("tf", cfg, RunContext(seed=0, preset="mini"))
+trainer = tf_trainer_class()(cfg, RunContext(seed=0, preset="mini"))   # eval via the host
 trainer.init()
 if "--die" in sys.argv:
   os._exit(3)                       # a process that dies after start-up
@@ -28,5 +28,5 @@ metrics = trainer.train(3)
 evaluation = trainer.evaluate()
 if int(process_id) == 0:
   np.savez(out, loss=metrics["loss"], accuracy=evaluation["top1_accuracy"],
-           count=evaluation["count"], **{v.path: v.numpy() for v in trainer.model.variables})
+           count=evaluation["count"], rows_seen=evaluation["rows_seen"], **{v.path: v.numpy() for v in trainer.model.variables})
 print("worker done", process_id, flush=True)

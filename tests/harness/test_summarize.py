@@ -8,7 +8,7 @@ import pytest
 
 from harness import results, summarize
 from tests.conftest import SHARED_RESULTS
-from tests.test_results import make_row
+from tests.harness.test_results import make_row
 
 
 @pytest.mark.parametrize("minutes, failed, expected", [

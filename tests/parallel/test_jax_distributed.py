@@ -151,6 +151,22 @@ def test_distributed_eval_counts_every_example_once():
   assert result["top1_accuracy"] == pytest.approx(single["top1_accuracy"])
 
 
+def test_host_side_eval_equals_device_counts():
+  """Three-phase eval through the host (what BLEU and COCO need): the same accuracy as the
+  on-device counts, 40 examples counted once from 48 padded rows (3 batches of 16)."""
+  from tests.host_eval import jax_trainer_class
+  cfg = tiny_config(mesh="data=8")
+  host = jax_trainer_class()(cfg, RunContext(seed=0, preset="mini"))
+  host.init()
+  host.train(2)
+  result = host.evaluate()
+  batches = host.pipeline.eval_dataset(host.cfg, host.eval_batch_size()).as_numpy_iterator()
+  counts = jax.jit(jax_trainer.eval_step)                  # the default device eval step
+  totals = sum(np.asarray(counts(host.state, b)) for b in batches)
+  assert result["count"] == 40 and result["rows_seen"] == 48
+  assert result["top1_accuracy"] == pytest.approx(totals[0] / totals[1])
+
+
 @pytest.mark.parametrize("parallel, message", [
     (dict(mesh="data=16"), "needs 16 devices; 8 available"),
     (dict(mesh="data=3"), "not divisible by the 3 devices"),
@@ -175,6 +191,8 @@ def test_two_processes_equal_one_process(tmp_path):
   out = single.communicate(timeout=300)[0]
   assert single.returncode == 0, out[-3000:]
   assert_same_saved_run(tmp_path / "multi.npz", tmp_path / "single.npz", count=40)
+  # host-side eval: each process gathered all 48 padded rows of the 3 global batches
+  assert int(np.load(tmp_path / "multi.npz")["rows_seen"]) == 48
 
 
 @pytest.mark.slow

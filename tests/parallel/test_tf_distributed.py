@@ -112,10 +112,20 @@ def test_grouped_bn_matches_a_hand_computed_reference():
 
 
 def test_spatial_partitioning_matches_one_replica(single_replica):
-  spatial = trained(mesh="data=4,spatial=2")
+  """Also the eval through the host (tests/host_eval.py): per-example outputs gathered from the
+  8 replicas, a spatial group's duplicate rows dropped, the same accuracy as on-device counts."""
+  from tests.host_eval import tf_trainer_class
+  spatial = tf_trainer_class()(tiny_config(mesh="data=4,spatial=2"),
+                               RunContext(seed=0, preset="mini"))
+  spatial.init()
+  spatial.train(3)
   assert spatial.num_devices == 8 and spatial.model.input_shape[1] == 8   # 16 rows in 2 slabs
   assert_weights_close(weights_of(spatial), weights_of(single_replica), rtol=2e-5)
   assert spatial.runtime.collective_calls["all_gather"] > 0               # the halo exchange
+  result = spatial.evaluate()
+  assert result["count"] == 40 and result["rows_seen"] == 48
+  assert result["top1_accuracy"] == pytest.approx(single_replica.evaluate()["top1_accuracy"],
+                                                  abs=1 / 40 + 1e-9)
 
 
 @pytest.mark.parametrize("parallel, message", [
@@ -145,6 +155,8 @@ def test_two_workers_equal_one_process_with_two_replicas(tmp_path):
   out = single.communicate(timeout=400)[0]
   assert single.returncode == 0, out[-3000:]
   assert_same_saved_run(tmp_path / "multi.npz", tmp_path / "single.npz", count=40)
+  # host-side eval: each worker gathered all 48 padded rows of the 3 global batches
+  assert int(np.load(tmp_path / "multi.npz")["rows_seen"]) == 48
 
 
 @pytest.mark.slow

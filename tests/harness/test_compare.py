@@ -1,5 +1,5 @@
 from harness import cli, compare, results
-from tests.test_results import make_row
+from tests.harness.test_results import make_row
 
 
 def _csv(tmp_path, name, rows):
