@@ -33,3 +33,40 @@ def test_every_benchmark_has_rules_with_a_checker():
     r = rules.load(name)
     assert (r.ruleset, r.runs_required) == (ruleset, runs), name
   assert rules.load("efficientnet").checker_config.endswith("efficientnet_compliance.yaml")
+
+
+def test_no_workload_imports_another_and_the_core_imports_no_workload():
+  """Shared pieces live in workloads/{common,optim,parallel}; a workload's folder imports only
+  itself and those, and harness/ imports no workload module (the registry names them as
+  strings and imports them on demand)."""
+  import ast
+  import os
+  shared = {"common", "optim", "parallel"}
+  workloads_dir = os.path.join(ROOT, "workloads")
+  workloads = [d for d in os.listdir(workloads_dir)
+               if os.path.isdir(os.path.join(workloads_dir, d)) and d not in shared | {"__pycache__"}]
+  assert {"resnet", "bert"} <= set(workloads)
+
+  def imported(path):
+    tree = ast.parse(open(path).read())
+    for node in ast.walk(tree):
+      if isinstance(node, ast.ImportFrom) and node.module:
+        yield node.module
+      elif isinstance(node, ast.Import):
+        yield from (alias.name for alias in node.names)
+
+  bad = []
+  for folder in workloads + sorted(shared) + ["harness"]:
+    base = os.path.join(ROOT, "harness") if folder == "harness" else os.path.join(workloads_dir, folder)
+    for name in os.listdir(base):
+      if not name.endswith(".py"):
+        continue
+      for module in imported(os.path.join(base, name)):
+        parts = module.split(".")
+        if parts[0] != "workloads" or len(parts) < 2:
+          continue
+        allowed = set() if folder == "harness" else (
+            shared if folder in shared else shared | {folder})
+        if parts[1] not in allowed:
+          bad.append(f"{folder}/{name} imports {module}")
+  assert not bad, bad

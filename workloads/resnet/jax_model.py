@@ -64,7 +64,7 @@ class ResNet(nn.Module):
         x = BottleneckBlock(self.width * 2**stage, strides, conv=conv, norm=norm)(x)
     x = jnp.mean(x, axis=(1, 2))
     x = nn.Dense(self.num_classes, dtype=self.dtype, kernel_init=dense_init, name="classifier")(x)
-    return x.astype(jnp.float32)
+    return x.astype(jnp.promote_types(self.dtype, jnp.float32))   # bf16 -> f32 logits
 
 
 ResNet50 = functools.partial(ResNet, stage_sizes=(3, 4, 6, 3))

@@ -26,7 +26,8 @@ class TrainState(train_state.TrainState):
 
 
 def cross_entropy(logits, labels, num_classes, label_smoothing):
-  targets = optax.smooth_labels(jax.nn.one_hot(labels, num_classes), label_smoothing)
+  targets = optax.smooth_labels(jax.nn.one_hot(labels, num_classes, dtype=logits.dtype),
+                                label_smoothing)
   return optax.softmax_cross_entropy(logits, targets).mean()
 
 

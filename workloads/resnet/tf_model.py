@@ -99,13 +99,15 @@ def check_spatial_partitions(stage_sizes, image_size, spatial):
 
 
 def resnet(stage_sizes, num_classes, width=64, image_size=224, dtype="float32", runtime=None):
-  """dtype 'mixed_bfloat16' computes in bf16 with float32 variables, like the flax model.
-  `runtime`: a distributed tf_runtime.StrategyRuntime, or None for one replica."""
+  """dtype 'mixed_bfloat16' computes in bf16 with float32 variables, like the flax model;
+  'float64' everywhere (the parity tests). `runtime`: a distributed
+  tf_runtime.StrategyRuntime, or None for one replica."""
   if runtime is not None:
     check_spatial_partitions(stage_sizes, image_size, runtime.spatial)
   lay = _Layers(runtime, dtype)
   rows = image_size // (runtime.spatial if runtime is not None else 1)
-  inputs = keras.Input((rows, image_size, 3), dtype="float32")
+  io_dtype = "float64" if dtype == "float64" else "float32"     # logits in float32 otherwise
+  inputs = keras.Input((rows, image_size, 3), dtype=io_dtype)
   x = lay.pad(3)(inputs)
   x = _conv(width, 7, 2, name="stem_conv", dtype=dtype)(x)
   x = layers.ReLU(dtype=dtype)(lay.bn("stem_bn")(x))
@@ -117,7 +119,7 @@ def resnet(stage_sizes, num_classes, width=64, image_size=224, dtype="float32", 
       x = _bottleneck(x, width * 2**stage, strides, next(blocks)[0], lay)
   x = lay.global_pool(x)
   x = layers.Dense(num_classes, kernel_initializer=dense_init(), name="classifier", dtype=dtype)(x)
-  outputs = layers.Activation("linear", dtype="float32")(x)       # logits in float32
+  outputs = layers.Activation("linear", dtype=io_dtype)(x)
   return keras.Model(inputs, outputs, name="resnet")
 
 

@@ -13,7 +13,7 @@ from workloads.resnet import input_pipeline, spec, tf_model
 
 def cross_entropy_sum(logits, labels, num_classes, label_smoothing):
   """Summed (not averaged) label-smoothed cross entropy: callers divide by the global batch."""
-  targets = tf.one_hot(labels, num_classes)
+  targets = tf.one_hot(labels, num_classes, dtype=logits.dtype)
   targets = targets * (1.0 - label_smoothing) + label_smoothing / num_classes
   return tf.reduce_sum(tf.nn.softmax_cross_entropy_with_logits(targets, logits))
 
