@@ -10,25 +10,28 @@ backend at import); synthetic device-resident batches, float32, no dropout, time
 compilation. Needs the bench extras: pip install --no-deps -r bench/requirements.txt
 
   python bench/bert_vs_keras_hub.py [--batch 16] [--seq 128] [--layers 2] [--hidden 256] [--steps 10]
+                                    [--repeats 5]
+
+The four measurements are interleaved over --repeats rounds (bench/method.py); the ratios are
+medians of per-round ratios, with their min-max.
 """
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+from bench import method  # noqa: E402  pylint: disable=wrong-import-position
+
 VOCAB = 30522
 
 
 def ours(framework, args):
-  sys.path.insert(0, ROOT)
-  from harness import config
   from harness.workload import RunContext
   from workloads.bert import spec
-  cfg = spec.synthetic()
-  config.apply_overrides(cfg, [
+  cfg = spec.SPEC.configure("synthetic", [
       f"train.global_batch_size={args.batch}", f"data.max_seq_length={args.seq}",
       f"data.max_predictions_per_seq={args.preds}", f"model.num_layers={args.layers}",
       f"model.hidden_size={args.hidden}", f"model.num_heads={args.hidden // 64}",
@@ -83,12 +86,7 @@ def measure(kind, args):
              KERAS_BACKEND="jax" if kind == "keras-hub-jax" else "tensorflow")
   flags = [f"--{k}={getattr(args, k)}" for k in ("batch", "seq", "preds", "layers", "hidden",
                                                  "steps")]
-  proc = subprocess.run([sys.executable, __file__, "--worker", kind, *flags],
-                        capture_output=True, text=True, env=env)
-  lines = [l for l in proc.stdout.splitlines() if l.startswith("{")]
-  if proc.returncode or not lines:
-    raise SystemExit(f"{kind} failed:\n{proc.stderr[-2000:]}")
-  return json.loads(lines[-1])["samples_per_s"]
+  return method.subprocess_rate(__file__, kind, flags, env)
 
 
 def main():
@@ -100,6 +98,7 @@ def main():
   p.add_argument("--hidden", type=int, default=256)
   p.add_argument("--steps", type=int, default=10)
   p.add_argument("--worker", choices=["ours-tf", "ours-jax", "keras-hub-tf", "keras-hub-jax"])
+  method.add_repeats_arg(p)
   args = p.parse_args()
   if args.hidden % 64:
     p.error(f"--hidden {args.hidden}: allowed: a multiple of 64 (heads of 64, as BERT-large)")
@@ -112,12 +111,9 @@ def main():
         f"sequence {args.seq}, {args.preds} predictions, batch {args.batch}, "
         f"{args.steps} timed steps, float32")
   kinds = ("ours-tf", "keras-hub-tf", "ours-jax", "keras-hub-jax")
-  rates = {kind: measure(kind, args) for kind in kinds}
-  for kind, rate in rates.items():
-    print(f"  {kind:14s} {rate:9.2f} samples/s")
-  print(f"ratio TF  (ours / keras-hub, TF backend):  {rates['ours-tf'] / rates['keras-hub-tf']:.3f}")
-  print(f"ratio JAX (ours / keras-hub, JAX backend): "
-        f"{rates['ours-jax'] / rates['keras-hub-jax']:.3f}")
+  values = method.interleaved({k: (lambda k=k: measure(k, args)) for k in kinds}, args.repeats)
+  method.report(values, [("TF  (ours / keras-hub, TF backend)", "ours-tf", "keras-hub-tf"),
+                         ("JAX (ours / keras-hub, JAX backend)", "ours-jax", "keras-hub-jax")])
 
 
 if __name__ == "__main__":

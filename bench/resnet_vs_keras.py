@@ -7,26 +7,28 @@ image size, each framework against the Keras model on the same backend:
 Each measurement runs in its own process (Keras picks its backend at import). Both sides use
 SGD with momentum, float32, synthetic device-resident data, and are timed after compilation.
 
-  python bench/resnet_vs_keras.py [--batch 32] [--image-size 224] [--steps 10]
+  python bench/resnet_vs_keras.py [--batch 32] [--image-size 224] [--steps 10] [--repeats 5]
+
+The four measurements are interleaved over --repeats rounds (bench/method.py); the ratios are
+medians of per-round ratios, with their min-max.
 """
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+from bench import method  # noqa: E402  pylint: disable=wrong-import-position
 
 
 def ours(framework, batch, image_size, steps):
-  sys.path.insert(0, ROOT)
-  from harness import config
   from harness.workload import RunContext
   from workloads.resnet import spec
-  cfg = spec.synthetic()
-  config.apply_overrides(cfg, [f"train.global_batch_size={batch}", f"data.image_size={image_size}",
-                               "optimizer.name=sgd", "train.precision=float32"])
+  cfg = spec.SPEC.configure("synthetic", [f"train.global_batch_size={batch}",
+                                          f"data.image_size={image_size}", "optimizer.name=sgd",
+                                          "train.precision=float32"])
   trainer = spec.SPEC.make_trainer(framework, cfg, RunContext(seed=0, preset="synthetic"))
   trainer.init()
   trainer.train(1)                                     # first call: data setup, warm caches
@@ -61,13 +63,9 @@ def measure(kind, args):
     env["KERAS_BACKEND"] = "jax"
   elif kind == "keras-tf":
     env["KERAS_BACKEND"] = "tensorflow"
-  proc = subprocess.run([sys.executable, __file__, "--worker", kind, "--batch", str(args.batch),
-                         "--image-size", str(args.image_size), "--steps", str(args.steps)],
-                        capture_output=True, text=True, env=env)
-  lines = [l for l in proc.stdout.splitlines() if l.startswith("{")]
-  if proc.returncode or not lines:
-    raise SystemExit(f"{kind} failed:\n{proc.stderr[-2000:]}")
-  return json.loads(lines[-1])["samples_per_s"]
+  flags = ["--batch", str(args.batch), "--image-size", str(args.image_size),
+           "--steps", str(args.steps)]
+  return method.subprocess_rate(__file__, kind, flags, env)
 
 
 def main():
@@ -76,6 +74,7 @@ def main():
   p.add_argument("--image-size", type=int, default=224)
   p.add_argument("--steps", type=int, default=10)
   p.add_argument("--worker", choices=["ours-tf", "ours-jax", "keras-tf", "keras-jax"])
+  method.add_repeats_arg(p)
   args = p.parse_args()
   if args.worker:
     if args.worker.startswith("ours"):
@@ -86,13 +85,11 @@ def main():
     return
   print(f"ResNet-50 training step, batch {args.batch}, {args.image_size}x{args.image_size}, "
         f"{args.steps} timed steps, float32")
-  rates = {kind: measure(kind, args) for kind in ("ours-tf", "keras-tf", "ours-jax", "keras-jax")}
-  for kind, rate in rates.items():
-    print(f"  {kind:10s} {rate:9.2f} samples/s")
-  print(f"ratio TF  (ours / keras.applications, TF backend):  "
-        f"{rates['ours-tf'] / rates['keras-tf']:.3f}")
-  print(f"ratio JAX (ours / keras.applications, JAX backend): "
-        f"{rates['ours-jax'] / rates['keras-jax']:.3f}")
+  kinds = ("ours-tf", "keras-tf", "ours-jax", "keras-jax")
+  values = method.interleaved({k: (lambda k=k: measure(k, args)) for k in kinds}, args.repeats)
+  method.report(values, [("TF  (ours / keras.applications, TF backend)", "ours-tf", "keras-tf"),
+                         ("JAX (ours / keras.applications, JAX backend)", "ours-jax",
+                          "keras-jax")])
 
 
 if __name__ == "__main__":

@@ -3,9 +3,12 @@ devices in the same process (ratios, not absolute times: on a CPU host the "devi
 logical CPU devices sharing its cores).
 
   python bench/tf_distributed_overhead.py [--devices 8] [--batch 64] [--image-size 64] [--steps 20]
+                                          [--repeats 5]
 
 Configurations (mini ResNet, LARS): data=N with global batch norm (the baseline), batch norm
-in groups of 2, weight-update sharding, data=N/2 x spatial=2, and one replica for scale.
+in groups of 2, weight-update sharding, data=N/2 x spatial=2, and one replica for scale. All
+are built first, then timed interleaved over --repeats rounds (bench/method.py): each ratio is
+the median of per-round ratios to the baseline, with its min-max.
 """
 import argparse
 import os
@@ -14,6 +17,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+from bench import method  # noqa: E402  pylint: disable=wrong-import-position
 
 
 def main():
@@ -22,11 +26,11 @@ def main():
   parser.add_argument("--batch", type=int, default=64)
   parser.add_argument("--image-size", type=int, default=64)
   parser.add_argument("--steps", type=int, default=20)
+  method.add_repeats_arg(parser)
   args = parser.parse_args()
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
   from workloads.parallel import tf_runtime
   tf_runtime.use_logical_cpus(args.devices)
-  from harness import config
   from harness.workload import RunContext
   from workloads.resnet import spec
 
@@ -38,23 +42,27 @@ def main():
       f"data={n // 2},spatial=2": [f"parallel.mesh=data={n // 2},spatial=2"],
       "1 replica": ["parallel.mesh=data=1"],
   }
-  times = {}
+  trainers = {}
   for name, overrides in configs.items():
-    cfg = spec.mini()
-    config.apply_overrides(cfg, [f"train.global_batch_size={args.batch}",
-                                 f"data.image_size={args.image_size}", *overrides])
+    cfg = spec.SPEC.configure("mini", [f"train.global_batch_size={args.batch}",
+                                       f"data.image_size={args.image_size}", *overrides])
     trainer = spec.SPEC.make_trainer("tf", cfg, RunContext(seed=0, preset="mini"))
     trainer.init()
     trainer.train(2)                                  # data pipeline up, caches warm
+    trainers[name] = trainer
+
+  def step_time(trainer):
     start = time.perf_counter()
     trainer.train(args.steps)
-    times[name] = (time.perf_counter() - start) / args.steps
-    print(f"{name:28s} {times[name] * 1000:8.1f} ms/step", flush=True)
-  base = times[f"data={n} (baseline)"]
-  print(f"\nstep time / data={n} step time (batch {args.batch}, {args.image_size}px, "
+    return (time.perf_counter() - start) / args.steps
+
+  values = method.interleaved({n: (lambda t=t: step_time(t)) for n, t in trainers.items()},
+                              args.repeats, log=None)
+  base = f"data={n} (baseline)"
+  print(f"step time / data={n} step time (batch {args.batch}, {args.image_size}px, "
         f"{args.steps} steps):")
-  for name, t in times.items():
-    print(f"  {name:28s} {t / base:6.2f}")
+  method.report(values, [(f"{name} / baseline", name, base) for name in values if name != base],
+                unit="s/step")
 
 
 if __name__ == "__main__":
