@@ -28,6 +28,12 @@ def gelu(x):
   return jax.nn.gelu(x, approximate=False)
 
 
+def accumulation_dtype(dtype):
+  """Softmax, mask adder and logits: float32 under bf16 or float32 compute, float64 under
+  float64 (the parity tests)."""
+  return jnp.promote_types(dtype, jnp.float32)
+
+
 class TransformerLayer(nn.Module):
   hidden_size: int
   num_heads: int
@@ -48,7 +54,7 @@ class TransformerLayer(nn.Module):
     k = split(dense(self.hidden_size, name="key")(x))
     v = split(dense(self.hidden_size, name="value")(x))
     scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / jnp.sqrt(head_dim).astype(self.dtype)
-    scores = scores.astype(jnp.float32) + attention_adder[:, None, None, :]
+    scores = scores.astype(accumulation_dtype(self.dtype)) + attention_adder[:, None, None, :]
     probs = drop()(jax.nn.softmax(scores, axis=-1)).astype(self.dtype)
     context = jnp.einsum("bhqk,bkhd->bqhd", probs, v).reshape(batch, seq, self.hidden_size)
     attended = drop()(dense(self.hidden_size, name="attention_output")(context))
@@ -85,7 +91,8 @@ class BertPretraining(nn.Module):
          + embed(self.type_vocab_size, name="token_type_embeddings")(segment_ids))
     x = norm(name="embeddings_LayerNorm")(x)
     x = nn.Dropout(self.dropout, deterministic=deterministic)(x).astype(self.dtype)
-    adder = (1.0 - input_mask.astype(jnp.float32)) * MASK_ADDER
+    acc = accumulation_dtype(self.dtype)
+    adder = (1.0 - input_mask.astype(acc)) * MASK_ADDER
     for i in range(self.num_layers):
       x = TransformerLayer(self.hidden_size, self.num_heads, self.intermediate_size,
                            self.dropout, self.initializer_range, self.dtype,
@@ -97,7 +104,7 @@ class BertPretraining(nn.Module):
     picked = norm(name="mlm_LayerNorm")(gelu(dense(self.hidden_size, name="mlm_transform")(picked)))
     output_bias = self.param("mlm_output_bias", nn.initializers.zeros, (self.vocab_size,))
     mlm_logits = word_embeddings.attend(picked.astype(self.dtype)) + output_bias
-    return mlm_logits.astype(jnp.float32), nsp_logits.astype(jnp.float32)
+    return mlm_logits.astype(acc), nsp_logits.astype(acc)
 
 
 def from_config(model_cfg, dtype=jnp.float32) -> BertPretraining:
@@ -114,7 +121,7 @@ def pretraining_loss(mlm_logits, nsp_logits, batch):
   (denominator sum(weights) + 1e-5) plus mean next-sentence cross entropy."""
   log_probs = jax.nn.log_softmax(mlm_logits, axis=-1)
   token_nll = -jnp.take_along_axis(log_probs, batch["masked_lm_ids"][..., None], axis=-1)[..., 0]
-  weights = batch["masked_lm_weights"]
+  weights = batch["masked_lm_weights"].astype(token_nll.dtype)
   mlm = jnp.sum(weights * token_nll) / (jnp.sum(weights) + 1e-5)
   nsp_log_probs = jax.nn.log_softmax(nsp_logits, axis=-1)
   labels = batch["next_sentence_labels"]

@@ -3,7 +3,10 @@ architecture, layer names and initialisation as jax_model.py, so parameters conv
 (`load_flax_variables`) and the reference checkpoint loads through the same table
 (checkpoint.py). At the reference size: 336,226,108 parameters.
 """
+import math
+
 import numpy as np
+
 import keras
 from keras import layers, ops
 
@@ -13,8 +16,17 @@ LAYER_NORM_EPSILON = 1e-12
 MASK_ADDER = -10000.0
 
 
+def accumulation_dtype(policy):
+  """Embedding sums, softmax, mask adder and logits: float32 under mixed_bfloat16 or float32,
+  float64 under float64 (the parity tests)."""
+  return "float64" if policy.compute_dtype == "float64" else "float32"
+
+
 def gelu(x):
-  return keras.activations.gelu(x, approximate=False)
+  """The reference's exact GELU, x * 0.5 * (1 + erf(x / sqrt(2))) (modeling.py). Python
+  scalars, not ops.cast(scalar): that goes through a float32 tensor, and float32's sqrt(2)
+  (as inside tf.nn.gelu) is off by 3e-8, which showed as 5e-9 in float64 parity."""
+  return x * 0.5 * (1.0 + ops.erf(x / math.sqrt(2.0)))
 
 
 class TransformerLayer(layers.Layer):
@@ -46,10 +58,11 @@ class TransformerLayer(layers.Layer):
     head_dim = self.hidden_size // self.num_heads
     split = lambda t: ops.reshape(t, (batch, seq, self.num_heads, head_dim))
     q, k, v = split(self.query(x)), split(self.key(x)), split(self.value(x))
-    scores = ops.einsum("bqhd,bkhd->bhqk", q, k) / ops.cast(ops.sqrt(head_dim * 1.0), q.dtype)
+    scores = ops.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(head_dim)   # in q's dtype
     # Keras casts float call arguments to the compute dtype (bf16 under mixed precision); the
     # adder is 0 or -10000, for which bf16 is exact enough (exp underflows to 0 either way)
-    scores = ops.cast(scores, "float32") + ops.cast(attention_adder, "float32")[:, None, None, :]
+    acc = accumulation_dtype(self.dtype_policy)
+    scores = ops.cast(scores, acc) + ops.cast(attention_adder, acc)[:, None, None, :]
     probs = ops.cast(self.dropout(ops.softmax(scores, axis=-1), training=training), v.dtype)
     context = ops.reshape(ops.einsum("bhqk,bkhd->bqhd", probs, v),
                           (batch, seq, self.hidden_size))
@@ -67,8 +80,9 @@ class BertPretraining(keras.Model):
     super().__init__(name="bert", dtype=dtype, **kwargs)
     c = self.cfg = model_cfg
     init = keras.initializers.TruncatedNormal(stddev=c.initializer_range)
+    acc = self.acc = accumulation_dtype(self.dtype_policy)
     embed = lambda count, name: layers.Embedding(count, c.hidden_size, embeddings_initializer=init,
-                                                 name=name, dtype="float32")
+                                                 name=name, dtype=acc)
     dense = lambda units, name, activation=None: layers.Dense(
         units, activation=activation, kernel_initializer=init, name=name, dtype=self.dtype_policy)
     norm = lambda name: layers.LayerNormalization(epsilon=LAYER_NORM_EPSILON, name=name,
@@ -88,7 +102,7 @@ class BertPretraining(keras.Model):
     self.mlm_transform = dense(c.hidden_size, "mlm_transform")
     self.mlm_LayerNorm = norm("mlm_LayerNorm")
     self.mlm_output_bias = self.add_weight(shape=(c.vocab_size,), initializer="zeros",
-                                           name="mlm_output_bias", dtype="float32")
+                                           name="mlm_output_bias", dtype=acc)
 
   def call(self, batch, training=False):
     input_ids, segment_ids = batch["input_ids"], batch["segment_ids"]
@@ -96,10 +110,10 @@ class BertPretraining(keras.Model):
     # Reading a float32 variable inside a mixed_bfloat16 call autocasts it to bfloat16: sum
     # the embeddings in float32 (as the flax model does) by casting explicitly.
     x = (self.word_embeddings(input_ids)
-         + ops.cast(self.position_embeddings.embeddings, "float32")[None, :seq]
+         + ops.cast(self.position_embeddings.embeddings, self.acc)[None, :seq]
          + self.token_type_embeddings(segment_ids))
     x = self.dropout(self.embeddings_LayerNorm(x), training=training)
-    adder = (1.0 - ops.cast(batch["input_mask"], "float32")) * MASK_ADDER
+    adder = (1.0 - ops.cast(batch["input_mask"], self.acc)) * MASK_ADDER
     for layer in self.encoder:
       x = layer(x, adder, training=training)
     nsp_logits = self.nsp(self.pooler(x[:, 0]))
@@ -107,8 +121,8 @@ class BertPretraining(keras.Model):
     picked = self.mlm_LayerNorm(gelu(self.mlm_transform(picked)))
     table = ops.cast(self.word_embeddings.embeddings, picked.dtype)
     mlm_logits = ops.matmul(picked, ops.transpose(table))
-    mlm_logits = ops.cast(mlm_logits, "float32") + ops.cast(self.mlm_output_bias, "float32")
-    return mlm_logits, ops.cast(nsp_logits, "float32")
+    mlm_logits = ops.cast(mlm_logits, self.acc) + ops.cast(self.mlm_output_bias, self.acc)
+    return mlm_logits, ops.cast(nsp_logits, self.acc)
 
   # ------------------------------------------------------------------ by flax path
   def variable_at(self, path):
@@ -157,7 +171,7 @@ def load_flax_variables(model, params):
     for key in path:
       value = value[key]
     var = model.variable_at(path)
-    var.assign(np.asarray(value, np.float32).reshape(var.shape))
+    var.assign(np.asarray(value, var.dtype).reshape(var.shape))
     copied += int(np.prod(var.shape))
   if copied != model.count_params():
     raise ValueError(f"converted {copied} of {model.count_params()} values: the models differ")

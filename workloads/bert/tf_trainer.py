@@ -18,8 +18,8 @@ def pretraining_loss(mlm_logits, nsp_logits, batch, global_batch_size):
   """This replica's share of the reference loss (jax_model.pretraining_loss on the global
   batch): sum over replicas == the global loss."""
   replica = tf.distribute.get_replica_context()
-  weights = batch["masked_lm_weights"]
   nll = tf.nn.sparse_softmax_cross_entropy_with_logits(batch["masked_lm_ids"], mlm_logits)
+  weights = tf.cast(batch["masked_lm_weights"], nll.dtype)
   weight_sum = replica.all_reduce(tf.distribute.ReduceOp.SUM, tf.reduce_sum(weights))
   mlm = tf.reduce_sum(weights * nll) / (weight_sum + 1e-5)
   nsp = tf.nn.sparse_softmax_cross_entropy_with_logits(batch["next_sentence_labels"], nsp_logits)
