@@ -36,6 +36,21 @@ def cli():
   return run_cli
 
 
+@pytest.fixture(scope="module")
+def jax_float64():
+  """JAX in float64 for one module (the TF<->JAX parity tests), not for the whole session."""
+  import jax
+  with jax.enable_x64(True):
+    yield
+
+
+def rel_err(a, b):
+  """|a - b| / |b| over all elements, computed in float64."""
+  import numpy as np
+  a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+  return np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30)
+
+
 def free_port(count=1):
   """A base port on 127.0.0.1 with `count` free ports from it (TF workers listen on base + i)."""
   while True:

@@ -18,6 +18,8 @@ import optax
 import pytest
 import tensorflow as tf
 
+from tests.conftest import rel_err
+
 from workloads.bert import checkpoint, jax_model, spec, tf_model, tf_trainer
 from workloads.optim.configs import LambConfig
 from workloads.optim import jax_optimizers, schedules, tf_optimizers
@@ -27,16 +29,7 @@ TINY = spec.ModelConfig(vocab_size=50, hidden_size=32, num_layers=2, num_heads=4
 SEQ, PREDS, BATCH = 16, 4, 4
 TOL, TOL_STEP = 1e-9, 1e-7
 
-
-@pytest.fixture(scope="module", autouse=True)
-def float64():
-  with jax.enable_x64(True):
-    yield
-
-
-def rel_err(a, b):
-  a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-  return np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30)
+pytestmark = pytest.mark.usefixtures("jax_float64")     # tests/conftest.py
 
 
 def reference_parameter_count(c) -> int:

@@ -15,6 +15,8 @@ import optax
 import pytest
 import tensorflow as tf
 
+from tests.conftest import rel_err
+
 from workloads.optim.configs import LarsSgdConfig as OptimizerConfig
 from workloads.optim import jax_optimizers, schedules, tf_optimizers
 from workloads.resnet import jax_model, jax_trainer, spec, tf_model, tf_trainer
@@ -26,16 +28,7 @@ TOL = 1e-9                 # float64 agreement (see above); the optimizer steps:
 # weights agree to about 6e-8 x lr x |update| / |w| < 1e-7.
 TOL_STEP = 1e-7
 
-
-@pytest.fixture(scope="module", autouse=True)
-def float64():
-  with jax.enable_x64(True):
-    yield
-
-
-def rel_err(a, b):
-  a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-  return np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30)
+pytestmark = pytest.mark.usefixtures("jax_float64")     # tests/conftest.py
 
 
 @pytest.fixture(scope="module")
