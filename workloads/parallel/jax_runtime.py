@@ -100,6 +100,18 @@ class MeshRuntime:
     return jax.tree.map(lambda x: jax.lax.with_sharding_constraint(
         x, self.update_sharding(x.shape)), tree)
 
+  def grouped_bn(self, local_fn):
+    """Grouped batch norm for any conv net (ResNet, SSD, EfficientNet): local_fn(params,
+    batch_stats, batch) -> (loss, grads, new_batch_stats), whose model normalises over the
+    'bn' axis (flax BatchNorm(axis_name='bn')), runs per device under shard_map; the result
+    has loss and gradients averaged over all replicas, running statistics over the groups."""
+    def local(params, batch_stats, batch):
+      loss, grads, stats = local_fn(params, batch_stats, batch)
+      return (jax.lax.pmean(loss, DATA), jax.lax.pmean(grads, DATA),
+              jax.lax.pmean(stats, "replica"))
+    return jax.shard_map(local, mesh=self.mesh, in_specs=(P(), P(), P(DATA)),
+                         out_specs=(P(), P(), P()), check_vma=False)
+
   def replicate(self, tree):
     """Inside a step: all-gather updated weights back to every replica."""
     if not self.weight_update_sharding:

@@ -82,3 +82,40 @@ def same_padding(size, kernel, stride):
 
 
 keras.saving.register_keras_serializable("harness")(CrossReplicaBatchNorm)
+
+
+class RuntimeLayers:
+  """The layers of a conv net that change when it runs across replicas, for every conv-net
+  workload (ResNet, SSD's backbone, EfficientNet): batch norm pooled over replica groups,
+  padding that takes neighbouring slabs' rows under spatial partitioning, the max pool and
+  the global average pool over slabs. With runtime None: the plain Keras layers."""
+
+  def __init__(self, runtime, dtype, bn_momentum=0.9, bn_epsilon=1e-5):
+    self.runtime, self.dtype = runtime, dtype
+    self.bn_momentum, self.bn_epsilon = bn_momentum, bn_epsilon
+
+  def bn(self, name, zero_init=False):
+    kw = dict(momentum=self.bn_momentum, epsilon=self.bn_epsilon, name=name, dtype=self.dtype,
+              gamma_initializer="zeros" if zero_init else "ones")
+    if self.runtime is None:
+      return layers.BatchNormalization(**kw)
+    return CrossReplicaBatchNorm(self.runtime, **kw)
+
+  def pad(self, amount):
+    if self.runtime is None:
+      return layers.ZeroPadding2D(amount, dtype=self.dtype)
+    return HaloPad(self.runtime, (amount, amount), (amount, amount), dtype=self.dtype)
+
+  def max_pool(self, x, image_height):
+    """3x3/2 'same' max pool; across slabs: -inf padding of the global 'same' amounts."""
+    if self.runtime is None or self.runtime.spatial == 1:
+      return layers.MaxPooling2D(3, 2, padding="same", dtype=self.dtype)(x)
+    rows = same_padding(image_height, 3, 2)
+    cols = same_padding(x.shape[2], 3, 2)
+    x = HaloPad(self.runtime, rows, cols, value=float("-inf"), dtype=self.dtype)(x)
+    return layers.MaxPooling2D(3, 2, padding="valid", dtype=self.dtype)(x)
+
+  def global_pool(self, x):
+    if self.runtime is None or self.runtime.spatial == 1:
+      return layers.GlobalAveragePooling2D(dtype=self.dtype)(x)
+    return SpatialGlobalAveragePool(self.runtime, dtype=self.dtype)(x)

@@ -3,8 +3,8 @@
 Distribution comes from workloads/parallel/jax_runtime.py: batches sharded over the data axes
 (and image height over 'spatial'), parameters replicated, optimizer state sharded when
 weight-update sharding is on. With global batch norm the step is plain jit (GSPMD computes
-statistics over the whole batch); with grouped batch norm the forward/backward runs under
-shard_map, batch norm pooling statistics over the 'bn' sub-axis only.
+statistics over the whole batch); with grouped batch norm the forward/backward runs per device
+(jax_runtime.MeshRuntime.grouped_bn), batch norm pooling statistics over the 'bn' sub-axis.
 """
 import functools
 
@@ -12,10 +12,8 @@ import jax
 import jax.numpy as jnp
 import optax
 from flax.training import train_state
-from jax.sharding import PartitionSpec as P
 
 from workloads.optim import jax_optimizers, schedules
-from workloads.parallel.jax_runtime import DATA
 from workloads.parallel.jax_trainer_base import MeshTrainer
 from workloads.resnet import input_pipeline, jax_model, spec
 
@@ -40,22 +38,12 @@ def loss_and_grads(apply_fn, params, batch_stats, batch, num_classes, label_smoo
   return loss, grads, updates["batch_stats"]
 
 
-def grouped_loss_and_grads(mesh, apply_fn, params, batch_stats, batch, **kw):
-  """Per-device forward/backward with batch norm pooled over 'bn' (the model's axis_name);
-  losses and gradients averaged over all replicas, running statistics over the groups."""
-  def local(params, batch_stats, batch):
-    loss, grads, stats = loss_and_grads(apply_fn, params, batch_stats, batch, **kw)
-    return (jax.lax.pmean(loss, DATA), jax.lax.pmean(grads, DATA),
-            jax.lax.pmean(stats, "replica"))
-  return jax.shard_map(local, mesh=mesh, in_specs=(P(), P(), P(DATA)),
-                       out_specs=(P(), P(), P()), check_vma=False)(params, batch_stats, batch)
-
-
 def train_step(state, batch, *, runtime, num_classes, label_smoothing):
   kw = dict(num_classes=num_classes, label_smoothing=label_smoothing)
-  if runtime.grouped_bn:
-    loss, grads, stats = grouped_loss_and_grads(runtime.mesh, state.apply_fn, state.params,
-                                                state.batch_stats, batch, **kw)
+  if runtime.grouped_bn:                             # per device, BN pooled over groups
+    loss, grads, stats = runtime.grouped_bn(functools.partial(loss_and_grads, state.apply_fn,
+                                                              **kw))(
+        state.params, state.batch_stats, batch)
   else:
     loss, grads, stats = loss_and_grads(state.apply_fn, state.params, state.batch_stats,
                                         batch, **kw)

@@ -29,39 +29,6 @@ def _conv(filters, kernel, strides=1, name=None, dtype=None):
                        kernel_initializer=conv_init(), name=name, dtype=dtype)
 
 
-class _Layers:
-  """The layers that change when the model runs across replicas (see the module docstring)."""
-
-  def __init__(self, runtime, dtype):
-    self.runtime, self.dtype = runtime, dtype
-
-  def bn(self, name, zero_init=False):
-    kw = dict(momentum=0.9, epsilon=1e-5, name=name, dtype=self.dtype,
-              gamma_initializer="zeros" if zero_init else "ones")
-    if self.runtime is None:
-      return layers.BatchNormalization(**kw)
-    return tf_layers.CrossReplicaBatchNorm(self.runtime, **kw)
-
-  def pad(self, amount):
-    if self.runtime is None:
-      return layers.ZeroPadding2D(amount, dtype=self.dtype)
-    return tf_layers.HaloPad(self.runtime, (amount, amount), (amount, amount), dtype=self.dtype)
-
-  def max_pool(self, x, image_height):
-    """3x3/2 'same' max pool; across slabs: -inf padding of the global 'same' amounts."""
-    if self.runtime is None or self.runtime.spatial == 1:
-      return layers.MaxPooling2D(3, 2, padding="same", dtype=self.dtype)(x)
-    rows = tf_layers.same_padding(image_height, 3, 2)
-    cols = tf_layers.same_padding(x.shape[2], 3, 2)
-    x = tf_layers.HaloPad(self.runtime, rows, cols, value=float("-inf"), dtype=self.dtype)(x)
-    return layers.MaxPooling2D(3, 2, padding="valid", dtype=self.dtype)(x)
-
-  def global_pool(self, x):
-    if self.runtime is None or self.runtime.spatial == 1:
-      return layers.GlobalAveragePooling2D(dtype=self.dtype)(x)
-    return tf_layers.SpatialGlobalAveragePool(self.runtime, dtype=self.dtype)(x)
-
-
 def _bottleneck(x, filters, strides, prefix, lay):
   dtype = lay.dtype
   residual = x
@@ -104,7 +71,7 @@ def resnet(stage_sizes, num_classes, width=64, image_size=224, dtype="float32", 
   tf_runtime.StrategyRuntime, or None for one replica."""
   if runtime is not None:
     check_spatial_partitions(stage_sizes, image_size, runtime.spatial)
-  lay = _Layers(runtime, dtype)
+  lay = tf_layers.RuntimeLayers(runtime, dtype, bn_momentum=0.9, bn_epsilon=1e-5)
   rows = image_size // (runtime.spatial if runtime is not None else 1)
   io_dtype = "float64" if dtype == "float64" else "float32"     # logits in float32 otherwise
   inputs = keras.Input((rows, image_size, 3), dtype=io_dtype)
