@@ -100,7 +100,7 @@ class MeshRuntime:
     return jax.tree.map(lambda x: jax.lax.with_sharding_constraint(
         x, self.update_sharding(x.shape)), tree)
 
-  def grouped_bn(self, local_fn):
+  def grouped_bn_step(self, local_fn):
     """Grouped batch norm for any conv net (ResNet, SSD, EfficientNet): local_fn(params,
     batch_stats, batch) -> (loss, grads, new_batch_stats), whose model normalises over the
     'bn' axis (flax BatchNorm(axis_name='bn')), runs per device under shard_map; the result

@@ -4,7 +4,7 @@ Distribution comes from workloads/parallel/jax_runtime.py: batches sharded over 
 (and image height over 'spatial'), parameters replicated, optimizer state sharded when
 weight-update sharding is on. With global batch norm the step is plain jit (GSPMD computes
 statistics over the whole batch); with grouped batch norm the forward/backward runs per device
-(jax_runtime.MeshRuntime.grouped_bn), batch norm pooling statistics over the 'bn' sub-axis.
+(jax_runtime.MeshRuntime.grouped_bn_step), batch norm pooling statistics over 'bn'.
 """
 import functools
 
@@ -41,9 +41,8 @@ def loss_and_grads(apply_fn, params, batch_stats, batch, num_classes, label_smoo
 def train_step(state, batch, *, runtime, num_classes, label_smoothing):
   kw = dict(num_classes=num_classes, label_smoothing=label_smoothing)
   if runtime.grouped_bn:                             # per device, BN pooled over groups
-    loss, grads, stats = runtime.grouped_bn(functools.partial(loss_and_grads, state.apply_fn,
-                                                              **kw))(
-        state.params, state.batch_stats, batch)
+    step = runtime.grouped_bn_step(functools.partial(loss_and_grads, state.apply_fn, **kw))
+    loss, grads, stats = step(state.params, state.batch_stats, batch)
   else:
     loss, grads, stats = loss_and_grads(state.apply_fn, state.params, state.batch_stats,
                                         batch, **kw)
