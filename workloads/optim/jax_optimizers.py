@@ -123,7 +123,8 @@ def mlperf_lamb(learning_rate: Callable, weight_decay: float = 0.01, b1: float =
     if clip_norm:
       grads = clip_by_global_norm(grads, clip_norm)
     count = state.count + 1
-    t = count.astype(jnp.float32)
+    # bias corrections in the moments' precision (float32, or float64 for float64 params)
+    t = count.astype(jnp.result_type(jnp.float32, *jax.tree.leaves(state.mu)))
     lr = learning_rate(state.count)
     mu = jax.tree.map(lambda m, g: b1 * m + (1 - b1) * g, state.mu, grads)
     nu = jax.tree.map(lambda v, g: b2 * v + (1 - b2) * jnp.square(g), state.nu, grads)

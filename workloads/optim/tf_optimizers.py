@@ -21,15 +21,15 @@ from keras import ops
 
 class KerasSchedule(keras.optimizers.schedules.LearningRateSchedule):
   """Any schedules.* formula (callable with `ops=`) as a Keras schedule (the formula lives
-  once, in schedules.py)."""
+  once, in schedules.py), computed in `dtype` (float64 for float64 variables)."""
 
-  def __init__(self, schedule):
-    self.schedule = schedule
+  def __init__(self, schedule, dtype="float32"):
+    self.schedule, self.dtype = schedule, dtype
 
   def __call__(self, step):
     import tensorflow as tf
-    return tf.cast(self.schedule(tf.cast(step, tf.float32), ops=tf.experimental.numpy),
-                   tf.float32)
+    return tf.cast(self.schedule(tf.cast(step, self.dtype), ops=tf.experimental.numpy),
+                   self.dtype)
 
   def get_config(self):
     return vars(self.schedule)
@@ -120,8 +120,9 @@ def momentum_update(w, g, v, lr, decayed, norm, *, decay, momentum, lars, eta, e
   return w - lr * new_v, new_v
 
 
-def make_optimizer(opt_cfg, schedule, decayed_variables, all_variables):
-  optimizer = MLPerfMomentum(KerasSchedule(schedule), decay=opt_cfg.weight_decay,
+def make_optimizer(opt_cfg, schedule, decayed_variables, all_variables, dtype="float32"):
+  """`dtype`: the learning rate's (float64 for float64 variables)."""
+  optimizer = MLPerfMomentum(KerasSchedule(schedule, dtype), decay=opt_cfg.weight_decay,
                              momentum=opt_cfg.momentum, lars=opt_cfg.name == "lars",
                              eta=opt_cfg.lars_eta, epsilon=opt_cfg.lars_epsilon)
   decayed = {id(v) for v in decayed_variables}
@@ -174,7 +175,7 @@ class MLPerfLamb(_Optimizer):
     hyper = self.hyper()
 
     def rule(w, g, slots, lr, step, mask, layer_norm):
-      t = ops.cast(step, "float32")
+      t = ops.cast(step, w.dtype)
       new_w, m, v = lamb_update(w, g, slots["m"], slots["v"], lr, t, mask, layer_norm, **hyper)
       return new_w, {"m": m, "v": v}
     return rule, ("m", "v")
@@ -192,8 +193,9 @@ def lamb_update(w, g, m, v, lr, t, decayed, norm, *, beta_1, beta_2, epsilon, we
   a 0/1 mask over elements; `norm(x)` a whole layer's L2 norm (None: no trust ratio)."""
   m = beta_1 * m + (1 - beta_1) * g
   v = beta_2 * v + (1 - beta_2) * ops.square(g)
-  m_hat = m / (1 - ops.power(ops.cast(beta_1, w.dtype), t))
-  v_hat = v / (1 - ops.power(ops.cast(beta_2, w.dtype), t))
+  # (convert_to_tensor, not cast: a cast sends the Python float through float32 first)
+  m_hat = m / (1 - ops.power(ops.convert_to_tensor(beta_1, w.dtype), t))
+  v_hat = v / (1 - ops.power(ops.convert_to_tensor(beta_2, w.dtype), t))
   update = m_hat / (ops.sqrt(v_hat) + epsilon)
   if norm is not None:
     update = update + decayed * weight_decay_rate * w
@@ -204,8 +206,9 @@ def lamb_update(w, g, m, v, lr, t, decayed, norm, *, beta_1, beta_2, epsilon, we
   return w - lr * update, m, v
 
 
-def make_lamb(lamb_cfg, schedule, excluded_variables):
-  optimizer = MLPerfLamb(KerasSchedule(schedule), lamb_cfg.weight_decay_rate, lamb_cfg.beta_1,
-                         lamb_cfg.beta_2, lamb_cfg.epsilon, lamb_cfg.clip_norm)
+def make_lamb(lamb_cfg, schedule, excluded_variables, dtype="float32"):
+  """`dtype`: the learning rate's (float64 for float64 variables)."""
+  optimizer = MLPerfLamb(KerasSchedule(schedule, dtype), lamb_cfg.weight_decay_rate,
+                         lamb_cfg.beta_1, lamb_cfg.beta_2, lamb_cfg.epsilon, lamb_cfg.clip_norm)
   optimizer.exclude_from_weight_decay(var_list=list(excluded_variables))
   return optimizer
