@@ -1,4 +1,5 @@
-"""LARS against a numpy implementation of the MLPerf formula, step by step."""
+"""LARS against a numpy implementation of the MLPerf formula, step by step (in float64, JAX's
+x64 switch scoped to the comparison), and the learning-rate schedule's formula."""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -18,7 +19,12 @@ def test_warmup_then_poly2_decay_formula():
   assert s(1000) == pytest.approx(1e-4)
   assert s(5000) == pytest.approx(1e-4)
   steps = jnp.arange(0, 1200, 7)
-  np.testing.assert_allclose(np.asarray(s(steps, ops=jnp)), [s(int(t)) for t in steps], rtol=1e-5, atol=1e-7)
+  # jnp in float32 (the trainers' precision, u = 2**-24 = 6e-8) against Python floats: a few
+  # roundings of the result (<= 4u relative), plus (1 - progress) ** 2 keeping the absolute
+  # error of progress (<= u): <= 2u * base_lr * (1 - progress) = 1.2e-6 * (1 - progress), under
+  # rtol * lr + atol for every progress (1e-4 x**2 - 1.2e-6 x + 1e-7 > 0 for all x)
+  np.testing.assert_allclose(np.asarray(s(steps, ops=jnp)), [s(int(t)) for t in steps],
+                             rtol=1e-5, atol=1e-7)
 
 
 def numpy_lars_step(params, grads, momenta, lr, wd, momentum, eta, decayed):
@@ -38,12 +44,10 @@ def numpy_lars_step(params, grads, momenta, lr, wd, momentum, eta, decayed):
 
 
 def test_mlperf_lars_matches_numpy_formula_step_by_step():
-  rng = np.random.default_rng(0)
-  params = {"conv": {"kernel": rng.normal(size=(3, 3, 4, 8)).astype(np.float32)},
-            "bn": {"scale": rng.normal(size=(8,)).astype(np.float32),
-                   "bias": rng.normal(size=(8,)).astype(np.float32)},
-            "dense": {"kernel": rng.normal(size=(8, 5)).astype(np.float32),
-                      "bias": np.zeros(5, np.float32)}}
+  rng = np.random.default_rng(0)                      # float64 weights and gradients
+  params = {"conv": {"kernel": rng.normal(size=(3, 3, 4, 8))},
+            "bn": {"scale": rng.normal(size=(8,)), "bias": rng.normal(size=(8,))},
+            "dense": {"kernel": rng.normal(size=(8, 5)), "bias": np.zeros(5)}}
   flat = lambda tree: {"/".join(k.key for k in path): np.asarray(v)
                        for path, v in jax.tree_util.tree_leaves_with_path(tree)}
   decayed = {name: name.endswith("kernel") for name in flat(params)}
@@ -51,18 +55,22 @@ def test_mlperf_lars_matches_numpy_formula_step_by_step():
                                           end_lr=1e-4, power=2.0)
   wd, momentum, eta = 2e-4, 0.9, 0.001
   tx = jax_optimizers.mlperf_lars(lambda step: schedule(step, ops=jnp), wd, momentum, eta)
-  state = tx.init(params)
-  jparams = jax.tree.map(jnp.asarray, params)
   np_params, np_momenta = flat(params), {k: np.zeros_like(v) for k, v in flat(params).items()}
-  for step in range(6):
-    grads = jax.tree.map(lambda p: rng.normal(size=p.shape).astype(np.float32), params)
-    updates, state = tx.update(grads, state, jparams)
-    jparams = optax.apply_updates(jparams, updates)
-    np_params, np_momenta = numpy_lars_step(np_params, flat(grads), np_momenta,
-                                            schedule(step), wd, momentum, eta, decayed)
-    for name, value in flat(jparams).items():
-      np.testing.assert_allclose(value, np_params[name], rtol=2e-5, atol=1e-7,
-                                 err_msg=f"step {step} {name}")
+  with jax.enable_x64(True):
+    state = tx.init(params)
+    jparams = jax.tree.map(jnp.asarray, params)
+    for step in range(6):
+      grads = jax.tree.map(lambda p: rng.normal(size=p.shape), params)
+      updates, state = tx.update(grads, state, jparams)
+      jparams = optax.apply_updates(jparams, updates)
+      np_params, np_momenta = numpy_lars_step(np_params, flat(grads), np_momenta,
+                                              schedule(step), wd, momentum, eta, decayed)
+      for name, value in flat(jparams).items():
+        # float64 on both sides: norms of <= 288 terms and ~10 more roundings (u = 1.1e-16)
+        # per step on unit-scale values, <= 2e-13 after 6 steps (the linear bound)
+        assert value.dtype == np_params[name].dtype == np.float64
+        np.testing.assert_allclose(value, np_params[name], rtol=1e-10, atol=1e-12,
+                                   err_msg=f"step {step} {name}")
 
 
 def test_optax_lars_differs_from_the_mlperf_definition():
@@ -73,7 +81,8 @@ def test_optax_lars_differs_from_the_mlperf_definition():
   theirs = optax.lars(1.0, weight_decay=0.5, trust_coefficient=1.0, eps=0.0, momentum=0.0)
   u_ours, _ = ours.update(g, ours.init(w), w)
   u_theirs, _ = theirs.update(g, theirs.init(w), w)
-  # trust: MLPerf 1/(1+0.5) = 0.667; optax 1/||(0.5, 1)|| = 0.894
+  # trust: MLPerf 1/(1+0.5) = 0.667; optax 1/||(0.5, 1)|| = 0.894. float32, a handful of
+  # roundings (u = 6e-8) of exact small numbers: <= 5u = 3e-7
   np.testing.assert_allclose(u_ours["kernel"], -np.array([0.5, 1.0]) / 1.5, rtol=1e-6)
   assert not np.allclose(u_ours["kernel"], u_theirs["kernel"])
 
