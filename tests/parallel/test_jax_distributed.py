@@ -112,12 +112,12 @@ def test_grouped_bn_equals_a_hand_computed_reference():
   reference = trained(steps=0, mesh="data=1")
   state, cfg = reference.state, reference.cfg
   batches = input_pipeline.train_dataset(cfg, 16, seed=0).as_numpy_iterator()
+  group_step = jax.jit(lambda params, stats, chunk: jax_trainer.loss_and_grads(
+      state.apply_fn, params, stats, chunk, cfg.model.num_classes, cfg.optimizer.label_smoothing))
   for _ in range(3):                                   # step 0 has lr 0 (warmup): 3 steps
     batch = next(batches)
     chunks = [{k: v[i * 4:(i + 1) * 4] for k, v in batch.items()} for i in range(4)]
-    outs = [jax_trainer.loss_and_grads(state.apply_fn, state.params, state.batch_stats, c,
-                                       cfg.model.num_classes, cfg.optimizer.label_smoothing)
-            for c in chunks]
+    outs = [group_step(state.params, state.batch_stats, c) for c in chunks]
     grads = jax.tree.map(lambda *g: sum(g) / 4, *[o[1] for o in outs])
     stats = jax.tree.map(lambda *s: sum(s) / 4, *[o[2] for o in outs])
     state = state.apply_gradients(grads=grads, batch_stats=stats)
