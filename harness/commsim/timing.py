@@ -1,0 +1,111 @@
+"""Timing simulation on a schedule: alpha-beta per message with link contention.
+
+A message of b bytes on route R takes  overhead + sum of R's hop latencies
++ max(max over links l of R: load(l) / bandwidth(l),  injected(src) / injection bandwidth),
+where load(l) is every byte that crosses l in that step (messages sharing a link share its
+bandwidth: two equal messages on one link take twice as long) and injected(src) every byte
+its chip sends in the step. A step ends with its slowest message; stages run one after the
+other. Wormhole routing: a multi-hop message pays the bandwidth term once.
+
+Bus bandwidth follows NCCL's convention: algorithm bandwidth (bytes per chip / time) times
+2(p-1)/p for all-reduce and (p-1)/p for reduce-scatter, all-gather and all-to-all.
+"""
+import dataclasses
+
+import numpy as np
+
+
+@dataclasses.dataclass
+class Timing:
+  time_s: float
+  steps: int
+  bytes: float                       # each chip's vector
+  algbw: float                       # bytes / s
+  busbw: float
+  link_bytes: np.ndarray             # [links] bytes that crossed each directed link
+  participants: int
+
+  def as_dict(self, machine) -> dict:
+    busiest = int(np.argmax(self.link_bytes))
+    return {"time_s": self.time_s, "steps": self.steps, "bytes": self.bytes,
+            "algbw_GBps": self.algbw / 1e9, "busbw_GBps": self.busbw / 1e9,
+            "participants": self.participants,
+            "max_link_bytes": float(self.link_bytes[busiest]),
+            "busiest_link": _link_name(machine, busiest),
+            "mean_link_bytes": float(self.link_bytes[machine.link_alive].mean())}
+
+
+def _link_name(machine, link):
+  def name(v):
+    if v < machine.num_chips:
+      return machine.format(int(v))
+    return "network" if v == machine.num_vertices - 1 else f"switch{v - machine.num_chips}"
+  return f"{name(machine.link_src[link])}->{name(machine.link_dst[link])}"
+
+
+def bus_factor(collective: str, p: int) -> float:
+  return 2 * (p - 1) / p if collective == "all-reduce" else (p - 1) / p
+
+
+class _Routes:
+  """A track's routes as flat arrays (its endpoints never change from step to step)."""
+
+  def __init__(self, machine, track):
+    routes = [machine.route(int(a), int(b)) for a, b in zip(track.src, track.dst)]
+    self.lengths = np.array([len(r) for r in routes])
+    self.links = np.fromiter((l for r in routes for l in r), np.int64, self.lengths.sum())
+    self.latency = machine.overhead + np.add.reduceat(machine.link_latency[self.links],
+                                                      _starts(self.lengths))
+
+
+def _starts(lengths):
+  return np.concatenate([[0], np.cumsum(lengths)[:-1]])
+
+
+def _step(machine, active, chunk_bytes):
+  """(step time, bytes per link) of one step of the (track, routes, counts) triples."""
+  load = np.zeros(machine.num_links)
+  parts = []
+  for track, routes, counts in active:
+    msg_bytes = counts * chunk_bytes
+    load += np.bincount(routes.links, weights=np.repeat(msg_bytes, routes.lengths),
+                        minlength=machine.num_links)
+    parts.append((track, routes, msg_bytes))
+  link_time = load / machine.link_bandwidth
+  injected = np.zeros(machine.num_chips)
+  for track, _, msg_bytes in parts:
+    injected += np.bincount(track.src, weights=msg_bytes, minlength=machine.num_chips)
+  worst = 0.0
+  for track, routes, msg_bytes in parts:
+    busy = np.maximum.reduceat(link_time[routes.links], _starts(routes.lengths))
+    busy = np.maximum(busy, injected[track.src] / machine.injection_bandwidth)
+    times = np.where(msg_bytes > 0, routes.latency + busy, 0.0)
+    worst = max(worst, float(times.max()))
+  return worst, load
+
+
+def simulate(machine, schedule, nbytes: float) -> Timing:
+  chunk_bytes = nbytes / schedule.vector_chunks
+  total, link_bytes = 0.0, np.zeros(machine.num_links)
+  routes = {}
+  for stage in schedule.stages:
+    for track in stage.tracks:
+      routes[id(track)] = _Routes(machine, track)
+    ends = sorted({t.steps for t in stage.tracks})
+    start = 0
+    for end in ends:                         # tracks active over [start, end) do not change
+      active = [t for t in stage.tracks if t.steps > start]
+      if all(t.uniform for t in active):     # every step alike: time one, count it end-start
+        steps = [(start, end - start)]
+      else:
+        steps = [(s, 1) for s in range(start, end)]
+      for s, repeat in steps:
+        t, load = _step(machine, [(t, routes[id(t)], t.chunks(s)[0]) for t in active],
+                        chunk_bytes)
+        total += t * repeat
+        link_bytes += load * repeat
+      start = end
+  p = len(schedule.participants)
+  algbw = nbytes / total if total > 0 else float("inf")
+  return Timing(total, schedule.steps, nbytes, algbw, algbw * bus_factor(schedule.collective, p),
+                link_bytes, p)
