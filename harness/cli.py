@@ -1,4 +1,4 @@
-"""The command line: run, list, describe, summarize, compare, check.
+"""The command line: run, list, describe, summarize, compare, check, simulate.
 
 Every user error becomes one line `run_benchmark.py: error: ...` and exit code 2, raised
 before any log or result file is opened.
@@ -125,6 +125,9 @@ def build_parser():
                                  "ruleset pinned in rules/ for its benchmark.")
   p.add_argument("log")
   p.add_argument("--ruleset", help="override the ruleset, e.g. 4.0.0")
+
+  from harness.commsim import command as simulate_command
+  simulate_command.add_parser(sub)
   return parser
 
 
@@ -312,8 +315,14 @@ def cmd_check(args):
   return 0 if passed else 1
 
 
+def cmd_simulate(args):
+  from harness.commsim import command
+  return command.run(args)
+
+
 COMMANDS = {"run": cmd_run, "list": cmd_list, "describe": cmd_describe,
-            "summarize": cmd_summarize, "compare": cmd_compare, "check": cmd_check}
+            "summarize": cmd_summarize, "compare": cmd_compare, "check": cmd_check,
+            "simulate": cmd_simulate}
 
 
 def main(argv=None) -> int:

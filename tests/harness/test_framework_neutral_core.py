@@ -1,4 +1,5 @@
-"""The core (driver, logging, rules, results, summaries) imports neither TensorFlow nor JAX."""
+"""The core (driver, logging, rules, results, summaries, the collective simulator) imports
+neither TensorFlow nor JAX."""
 import subprocess
 import sys
 
@@ -8,7 +9,8 @@ from tests.conftest import ROOT
 def test_harness_imports_no_framework():
   code = ("import sys, harness.cli, harness.driver, harness.mllog, harness.rules, "
           "harness.results, harness.summarize, harness.compare, harness.compliance, "
-          "harness.registry; harness.registry.get('resnet50');"
+          "harness.registry, harness.commsim.command, harness.commsim.tables, "
+          "harness.commsim.functional; harness.registry.get('resnet50');"
           "bad = [m for m in ('tensorflow', 'jax', 'flax', 'keras') if m in sys.modules];"
           "print(bad); sys.exit(1 if bad else 0)")
   proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)

@@ -48,6 +48,10 @@ class MeshTrainer:
     """Builds self.state on the mesh and calls compile_steps (before run_start)."""
     raise NotImplementedError
 
+  def _create_state(self, rng):
+    """The train state (params, optimizer state, ...) from a PRNG key; init jits it."""
+    raise NotImplementedError
+
   def eval_step(self, state, batch):
     """Device: the outputs of one eval batch (default protocol: [correct, counted])."""
     raise NotImplementedError
@@ -166,6 +170,13 @@ class MeshTrainer:
       outputs = self._eval_step(self.state, batch)
       acc = self.accumulate(acc, self._to_host(outputs) if self.eval_on_host else outputs)
     return self.finalize(acc)
+
+  def parameter_count(self):
+    """Trainable parameters, from the state's shapes (nothing initialised or compiled): what
+    the gradient all-reduce moves (`simulate --workload`)."""
+    params = self.state.params if hasattr(self, "state") else jax.eval_shape(
+        self._create_state, jax.random.key(0)).params
+    return int(sum(math.prod(x.shape) for x in jax.tree.leaves(params)))
 
   def describe(self):
     """The compiled step's cost analysis and HLO (init compiles it, if not done yet)."""

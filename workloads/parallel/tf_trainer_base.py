@@ -125,6 +125,13 @@ class StrategyTrainer:
     self._step = tf.function(self._train_step, jit_compile=jit)
     self._eval_step = tf.function(self.eval_step, jit_compile=jit)
 
+  def parameter_count(self):
+    """Trainable parameters of the built model (no step traced): what the gradient
+    all-reduce moves (`simulate --workload`)."""
+    if not hasattr(self, "model"):
+      self.build()
+    return int(sum(np.prod(v.shape) for v in self.model.trainable_variables))
+
   def _train_step(self, batch):
     loss, grads = self.loss_and_grads(batch)
     grads = self.runtime.all_sum(grads)        # summed over replicas, before any clipping

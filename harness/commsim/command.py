@@ -1,0 +1,225 @@
+"""`run_benchmark.py simulate`: the collective simulator from the command line.
+
+    simulate --topology torus:32x32 --algorithm 2d --bytes 100MB [--failed 3,5 17,2] [--json]
+    simulate --machine dgx-a100 --topology multinode:16x8 --algorithm all
+    simulate --workload resnet50 --preset reference     # its gradient all-reduce, 8..1024 chips
+    simulate --topology mesh:16x16 --failure-sweep 1,2,4,8 --heatmap load.png --failed 3,5 9,9
+"""
+import json
+import math
+import re
+
+from harness.commsim import algorithms, machine as machine_lib, tables
+from harness.errors import UsageError
+
+_UNITS = {"": 1, "b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12,
+          "kib": 2 ** 10, "mib": 2 ** 20, "gib": 2 ** 30}
+GRAD_DTYPES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def parse_bytes(text: str) -> float:
+  m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([a-zA-Z]*)\s*", text)
+  if not m or m.group(2).lower() not in _UNITS or float(m.group(1)) <= 0:
+    raise UsageError(f"--bytes {text!r} is not a size; allowed: a positive number with an "
+                     "optional unit B, KB, MB, GB, KiB, MiB, GiB (e.g. 100MB)")
+  return float(m.group(1)) * _UNITS[m.group(2).lower()]
+
+
+def _counts(text: str) -> tuple[int, ...]:
+  try:
+    counts = tuple(int(c) for c in text.split(","))
+  except ValueError:
+    counts = ()
+  if not counts or min(counts) < 1:
+    raise UsageError(f"--failure-sweep {text!r} is not a list of counts; allowed: positive "
+                     "integers separated by commas, e.g. 1,2,4,8")
+  return counts
+
+
+def add_parser(sub):
+  p = sub.add_parser(
+      "simulate", help="collective-communication simulator (ring, 2-D torus, failed chips)",
+      description="Simulate a collective on a pod-scale machine: its time, algorithm and bus "
+                  "bandwidth and per-link load (alpha-beta with link contention), optionally "
+                  "checked by executing it on data. Framework-neutral (numpy).")
+  p.add_argument("--machine", choices=sorted(machine_lib.PRESETS),
+                 help="link figures of a real machine (default: tpu-v3; dgx-a100 for "
+                      "multinode topologies)")
+  p.add_argument("--topology", help=machine_lib.TOPOLOGY_SYNTAX + " (default: the machine's)")
+  p.add_argument("--collective", default="all-reduce", choices=algorithms.COLLECTIVES)
+  p.add_argument("--algorithm", default="all",
+                 help=f"one of {', '.join(algorithms.ALGORITHMS)}, or all (default): every "
+                      "algorithm that runs on the topology, side by side")
+  p.add_argument("--bytes", default="100MB", help="vector size per chip (default 100MB)")
+  p.add_argument("--failed", nargs="+", default=[], metavar="CHIP",
+                 help="failed chips by coordinates: X,Y (mesh/torus), I (ring), NODE,GPU")
+  p.add_argument("--failed-link", nargs="+", default=[], metavar="A-B",
+                 help="failed links between neighbours, e.g. 3,5-4,5")
+  g = p.add_argument_group("link figures (override the machine's)")
+  g.add_argument("--link-bandwidth", type=float, metavar="GB/S", help="per direction")
+  g.add_argument("--link-latency", type=float, metavar="US", help="per hop")
+  g.add_argument("--overhead", type=float, metavar="US", help="per message")
+  g.add_argument("--injection-bandwidth", type=float, metavar="GB/S",
+                 help="what one chip can send in total per step (default: no limit)")
+  g.add_argument("--network-bandwidth", type=float, metavar="GB/S",
+                 help="multinode: per rail and direction")
+  g.add_argument("--network-latency", type=float, metavar="US", help="multinode: per message")
+  w = p.add_argument_group("a workload's gradient all-reduce (sets --bytes)")
+  w.add_argument("--workload", help="a workload of `list` (e.g. resnet50)")
+  w.add_argument("--framework", default="jax", choices=("jax", "tf"),
+                 help="whose model the parameters are counted from (default jax)")
+  w.add_argument("--preset", default="reference", help="the workload's preset (default "
+                                                       "reference)")
+  w.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                 help="override a workload config value")
+  w.add_argument("--grad-dtype", default="float32", choices=sorted(GRAD_DTYPES),
+                 help="dtype of the all-reduced gradients (default float32)")
+  p.add_argument("--scaling", action="store_true",
+                 help="also the table from 8 to 1024 chips (on by default with --workload)")
+  p.add_argument("--failure-sweep", type=str, metavar="COUNTS",
+                 help="slowdown with this many random failed chips, e.g. 1,2,4,8")
+  p.add_argument("--seed", type=int, default=0, help="seed of the random failed chips")
+  p.add_argument("--check", action="store_true",
+                 help="also execute the collective on data (1,024 elements per chip) and check "
+                      "that every live chip holds the exact result")
+  p.add_argument("--heatmap", metavar="PNG", help="write the link-load heat map (mesh/torus)")
+  p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+  return p
+
+
+def machine_args(args) -> tuple[str, dict, machine_lib.Preset]:
+  """(topology, Machine keyword arguments, preset) from the flags."""
+  name = args.machine or ("dgx-a100" if (args.topology or "").startswith("multinode")
+                          else "tpu-v3")
+  preset = machine_lib.PRESETS[name]
+  topology = args.topology or preset.topology
+  def pick(value, default, scale):
+    if value is None:
+      return default
+    if value < 0 or (scale == 1e9 and value == 0):
+      raise UsageError(f"a link figure of {value} is out of range; allowed: > 0 "
+                       "(bandwidth) or >= 0 (latency)")
+    return value * scale
+  kwargs = dict(
+      link_bandwidth=pick(args.link_bandwidth, preset.link_bandwidth, 1e9),
+      link_latency=pick(args.link_latency, preset.link_latency, 1e-6),
+      overhead=pick(args.overhead, preset.overhead, 1e-6),
+      injection_bandwidth=pick(args.injection_bandwidth, preset.injection_bandwidth, 1e9),
+      network_bandwidth=pick(args.network_bandwidth, preset.network_bandwidth, 1e9),
+      network_latency=pick(args.network_latency, preset.network_latency, 1e-6))
+  if topology.startswith("multinode") and not kwargs["network_bandwidth"]:
+    raise UsageError(f"--topology {topology} needs a network: --network-bandwidth or "
+                     "--machine dgx-a100")
+  return topology, kwargs, preset
+
+
+def _workload_bytes(args) -> tuple[float, str]:
+  """The gradient bytes of a workload's step: its trainable parameters x the gradient dtype.
+  Counted from the model's shapes in the chosen framework (nothing is compiled)."""
+  from harness import registry
+  from harness.workload import RunContext
+  spec = registry.get(args.workload)
+  cfg = spec.configure(args.preset, args.overrides)
+  if hasattr(cfg.data, "init_checkpoint"):
+    cfg.data.init_checkpoint = ""                # the shapes, not the weights
+  import os
+  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+  try:
+    trainer = spec.make_trainer(args.framework, cfg, RunContext(seed=0, preset=args.preset))
+  except ValueError as e:
+    raise UsageError(str(e)) from None
+  params = trainer.parameter_count()
+  nbytes = params * GRAD_DTYPES[args.grad_dtype]
+  return nbytes, (f"{spec.name} ({args.preset}, {args.framework}): {params:,} parameters x "
+                  f"{GRAD_DTYPES[args.grad_dtype]} B ({args.grad_dtype}) = {nbytes / 1e6:.2f} MB "
+                  "of gradients per step")
+
+
+def run(args) -> int:
+  topology, kwargs, preset = machine_args(args)
+  failed = [machine_lib.parse_chip(c) for c in args.failed]
+  links = [machine_lib.parse_link(l) for l in args.failed_link]
+  sweep = _counts(args.failure_sweep) if args.failure_sweep else ()
+  nbytes = parse_bytes(args.bytes)
+  machine = machine_lib.Machine(topology, **kwargs, failed_chips=failed, failed_links=links)
+  if args.algorithm == "all":
+    names = algorithms.applicable(machine, args.collective)
+  else:
+    if args.algorithm not in algorithms.ALGORITHMS:
+      raise UsageError(f"--algorithm {args.algorithm!r} is not an algorithm; allowed: "
+                       f"{', '.join(algorithms.ALGORITHMS)} or all")
+    names = [args.algorithm]
+    algorithms.build(machine, args.collective, args.algorithm)   # applicable here? (one line)
+  if args.heatmap and machine.kind not in ("mesh", "torus"):
+    raise UsageError(f"--heatmap draws a mesh or torus; {topology} is neither")
+  source = ""
+  if args.workload:
+    nbytes, source = _workload_bytes(args)
+
+  out = {"machine": machine.describe(), "preset": args.machine or "",
+         "link_figures": {k: v for k, v in kwargs.items()}, "bytes": nbytes,
+         "results": [tables.simulate(machine, args.collective, n, nbytes, check=args.check)
+                     for n in names]}
+  if source:
+    out["workload"] = source
+  if args.scaling or args.workload:
+    out["scaling"] = tables.scaling(kwargs, machine.kind, args.collective, names, nbytes,
+                                    gpus_per_node=machine.shape[-1])
+  if sweep:
+    out["failure_sweep"] = tables.failure_sweep(topology, kwargs, args.collective, names,
+                                                nbytes, sweep, args.seed)
+  if args.heatmap:
+    best = min(out["results"], key=lambda r: r["time_s"])["algorithm"]
+    from harness.commsim import timing
+    result = timing.simulate(machine, algorithms.build(machine, args.collective, best), nbytes)
+    out["heatmap"] = tables.heatmap(machine, result.link_bytes, args.heatmap,
+                                    f"{args.collective} {best}, {nbytes / 1e6:g} MB per chip: "
+                                    f"{machine.describe()}")
+  if args.json:
+    print(json.dumps(out, indent=1, default=float))
+    return 0
+  _print(out, args, preset)
+  return 0
+
+
+def _print(out, args, preset):
+  import pandas as pd
+  print(f"machine:  {out['machine']}")
+  figures = out["link_figures"]
+  print("links:    {:.4g} GB/s per direction, {:.3g} us per hop, {:.3g} us per message".format(
+      figures["link_bandwidth"] / 1e9, figures["link_latency"] * 1e6, figures["overhead"] * 1e6)
+        + (", network {:.4g} GB/s per rail".format(figures["network_bandwidth"] / 1e9)
+           if figures["network_bandwidth"] else ""))
+  if preset.source and not any(getattr(args, k) is not None for k in (
+      "link_bandwidth", "link_latency", "overhead")):
+    print(f"source:   {preset.source}")
+  if "workload" in out:
+    print(f"workload: {out['workload']}")
+  print(f"{args.collective} of {out['bytes'] / 1e6:g} MB per chip:")
+  columns = ["algorithm", "time_s", "steps", "algbw_GBps", "busbw_GBps", "max_link_bytes",
+             "busiest_link"] + (["functional_check"] if args.check else [])
+  frame = pd.DataFrame(out["results"])[columns]
+  frame["time_ms"] = frame.pop("time_s") * 1e3
+  with pd.option_context("display.width", 200):
+    print(frame.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+  if "scaling" in out:
+    print(f"\nscaling ({args.collective} of {out['bytes'] / 1e6:g} MB per chip, time in ms):")
+    frame = pd.DataFrame(out["scaling"])
+    frame["chips"] = frame["participants"]
+    table = frame.pivot_table(index=["chips", "topology"], columns="algorithm",
+                              values="time_s", sort=False) * 1e3
+    print(table.to_string(float_format=lambda v: f"{v:.4g}"))
+  if "failure_sweep" in out:
+    print("\nfailed chips (random, --seed {}): time in ms, slowdown against none".format(
+        args.seed))
+    frame = pd.DataFrame(out["failure_sweep"])
+    frame["cell"] = [f"{t * 1e3:.4g} ({s:.3f}x)" for t, s in zip(frame["time_s"],
+                                                                  frame["slowdown"])]
+    table = frame.pivot_table(index=["failed"], columns="algorithm", values="cell",
+                              aggfunc="first", sort=False)
+    print(table.to_string())
+    chips = frame.drop_duplicates("failed")[["failed", "failed_chips"]]
+    print("chips: " + "; ".join(f"{f}: {c}" for f, c in zip(chips["failed"], chips["failed_chips"])
+                                if f))
+  if "heatmap" in out:
+    print(f"\nheat map: {out['heatmap']}")
