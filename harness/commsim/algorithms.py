@@ -150,10 +150,14 @@ def _two_level(machine, collective, algorithm, both_ways) -> Schedule:
   def chunk(way, c, s, i):                      # slice s of column c, reduced over live row i
     return ((way * columns + c) * slices + s) * n_rows + i
 
+  # A ring along a line (a mesh has no wrap-around) runs folded: out over the even places,
+  # back over the odd ones, so every hop spans at most 2 links, each link direction carries
+  # one message per step, and no hop crosses the whole line.
+  fold = _folded if machine.kind == "mesh" else (lambda places: list(places))
   row_rings, row_owned, col_rings, col_owned, moves = [], [], [], [], []
   for way in range(ways):
     for i, r in enumerate(rows):
-      ring = [int(c) for c in grid[r][alive[r]]]
+      ring = [int(grid[r, c]) for c in fold(range(columns)) if alive[r, c]]
       owned = [(chunk(way, *np.nonzero(holder[i] == chip), 0)[:, None]
                 + np.arange(n_rows)).ravel() for chip in ring]
       # A ring that detours round a hole runs against the healthy rings of its way, so its
@@ -162,8 +166,9 @@ def _two_level(machine, collective, algorithm, both_ways) -> Schedule:
       row_rings.append(ring[::-1] if backwards else ring)
       row_owned.append(owned[::-1] if backwards else owned)
     for c in range(columns):
-      ring = [int(x) for x in stand_in[:, c]]
-      owned = [np.array([chunk(way, c, s, i) for s in range(slices)]) for i in range(n_rows)]
+      places = fold(range(n_rows))
+      ring = [int(stand_in[i, c]) for i in places]
+      owned = [np.array([chunk(way, c, s, i) for s in range(slices)]) for i in places]
       backwards = way == 1 or (not both_ways and not alive[rows, c].all())
       col_rings.append(ring[::-1] if backwards else ring)
       col_owned.append(owned[::-1] if backwards else owned)
@@ -200,6 +205,11 @@ def _moves_stage(moves, forward) -> Stage:
   counts = np.array([len(m[2]) for m in moves])
   ids = np.concatenate([m[2] for m in moves])
   return Stage([Track(src, dst, 1, lambda s: (counts, ids), COPY, True)])
+
+
+def _folded(places):
+  places = list(places)
+  return places[0::2] + places[1::2][::-1]
 
 
 def _nearest_live(row, alive, c):

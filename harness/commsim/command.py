@@ -173,7 +173,7 @@ def run(args) -> int:
     from harness.commsim import timing
     result = timing.simulate(machine, algorithms.build(machine, args.collective, best), nbytes)
     out["heatmap"] = tables.heatmap(machine, result.link_bytes, args.heatmap,
-                                    f"{args.collective} {best}, {nbytes / 1e6:g} MB per chip: "
+                                    f"{args.collective} {best}, {nbytes / 1e6:g} MB per chip\n"
                                     f"{machine.describe()}")
   if args.json:
     print(json.dumps(out, indent=1, default=float))

@@ -127,7 +127,7 @@ def heatmap(machine: Machine, link_bytes: np.ndarray, path: str, title: str = ""
   if len(dead):
     ax.scatter(dead[:, 0], dead[:, 1], marker="X", s=max(40, 2400 / (X * Y) ** 0.5), c="red",
                zorder=4, label="failed chip")
-    ax.legend(loc="upper right", fontsize=8)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.1), fontsize=8, frameon=False)
   ax.set_xlim(-0.7, X - 0.3), ax.set_ylim(-0.7, Y - 0.3)
   ax.set_aspect("equal"), ax.invert_yaxis()
   ax.set_xlabel("x"), ax.set_ylabel("y")
