@@ -123,3 +123,14 @@ def test_failed_chips_cost_little_with_the_2d_scheme():
   ring = _time("torus:16x16", "all-reduce", "ring").time_s
   ring_damaged = _time("torus:16x16", "all-reduce", "ring", failed_chips=holes).time_s
   assert ring_damaged > 1.5 * ring
+
+
+@pytest.mark.parametrize("X,Y", [(6, 4), (8, 8)])
+def test_2d_mesh_rings_run_folded(X, Y):
+  """No wrap-around: each row and column ring runs out over the even chips and back over the
+  odd ones, so every hop spans at most 2 links and each link direction carries one message
+  per step: the torus's bandwidth term with twice its hop latency."""
+  t = _time(f"mesh:{X}x{Y}", "all-reduce", "2d")
+  want = 2 * (X + Y - 2) * 2 * ALPHA + (2 * (X - 1) / X + 2 * (Y - 1) / (X * Y)) * N / B
+  assert t.steps == 2 * (X + Y - 2)
+  assert t.time_s == pytest.approx(want, rel=1e-9)
