@@ -27,12 +27,14 @@ class Timing:
 
   def as_dict(self, machine) -> dict:
     busiest = int(np.argmax(self.link_bytes))
+    top = np.argsort(-self.link_bytes, kind="stable")[:10]
     return {"time_s": self.time_s, "steps": self.steps, "bytes": self.bytes,
             "algbw_GBps": self.algbw / 1e9, "busbw_GBps": self.busbw / 1e9,
             "participants": self.participants,
             "max_link_bytes": float(self.link_bytes[busiest]),
             "busiest_link": _link_name(machine, busiest),
-            "mean_link_bytes": float(self.link_bytes[machine.link_alive].mean())}
+            "mean_link_bytes": float(self.link_bytes[machine.link_alive].mean()),
+            "top_links": [[_link_name(machine, int(l)), float(self.link_bytes[l])] for l in top]}
 
 
 def _link_name(machine, link):

@@ -29,6 +29,8 @@ def test_json_output_equals_the_library(capsys):
   assert row["participants"] == 62 and row["functional_check"] == "exact"
   assert doc["machine"].startswith("torus:8x8, 62 live chips")
   assert set(row) >= {"algbw_GBps", "steps", "max_link_bytes", "busiest_link"}
+  assert row["top_links"][0] == [row["busiest_link"], row["max_link_bytes"]]
+  assert [b for _, b in row["top_links"]] == sorted(want.link_bytes)[::-1][:10]
 
 
 def test_tables_compare_scale_and_sweep(capsys, tmp_path):
