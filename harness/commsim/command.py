@@ -6,7 +6,7 @@
     simulate --topology mesh:16x16 --failure-sweep 1,2,4,8 --heatmap load.png --failed 3,5 9,9
 """
 import json
-import math
+import os
 import re
 
 from harness.commsim import algorithms, machine as machine_lib, tables
@@ -122,7 +122,6 @@ def _workload_bytes(args) -> tuple[float, str]:
   cfg = spec.configure(args.preset, args.overrides)
   if hasattr(cfg.data, "init_checkpoint"):
     cfg.data.init_checkpoint = ""                # the shapes, not the weights
-  import os
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
   try:
     trainer = spec.make_trainer(args.framework, cfg, RunContext(seed=0, preset=args.preset))
@@ -152,6 +151,11 @@ def run(args) -> int:
     algorithms.build(machine, args.collective, args.algorithm)   # applicable here? (one line)
   if args.heatmap and machine.kind not in ("mesh", "torus"):
     raise UsageError(f"--heatmap draws a mesh or torus; {topology} is neither")
+  if args.heatmap:
+    folder = os.path.dirname(os.path.abspath(args.heatmap))
+    if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+      raise UsageError(f"--heatmap {args.heatmap!r} cannot be written: {folder!r} is not a "
+                       "writable folder")
   source = ""
   if args.workload:
     nbytes, source = _workload_bytes(args)

@@ -97,6 +97,7 @@ def test_workload_bytes_agree_between_frameworks(capsys):
     (["--topology", "torus:4x4", "--algorithm", "magic"], "is not an algorithm"),
     (["--topology", "mesh:3x3", "--failed", "1,0", "0,1"], "disconnect mesh:3x3"),
     (["--topology", "ring:8", "--heatmap", "x.png"], "draws a mesh or torus"),
+    (["--topology", "mesh:4x4", "--heatmap", "/nowhere/x.png"], "is not a writable folder"),
     (["--topology", "multinode:2x4", "--machine", "tpu-v3"], "needs a network"),
     (["--failure-sweep", "1,x"], "is not a list of counts"),
     (["--link-bandwidth", "0"], "out of range"),
