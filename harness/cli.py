@@ -109,6 +109,8 @@ def build_parser():
   p.add_argument("paths", nargs="+", metavar="PATH",
                  help="a result CSV, or an MLPerf results folder / submission package")
   p.add_argument("--csv", help="also write the summary to this CSV")
+  p.add_argument("--ruleset", help="mlperf_logging ruleset of MLPerf folders, e.g. 2.1.0 "
+                                   "(default: from a training_vX.Y folder on the path)")
 
   p = sub.add_parser("compare", help="regression gate between two result CSVs (exit 1)",
                      description="Compare two result CSVs; exit 1 if any workload regressed "
@@ -280,7 +282,7 @@ def _derived_keys(spec, preset, overrides):
 
 def cmd_summarize(args):
   from harness import summarize
-  table = summarize.summarize(args.paths)
+  table = summarize.summarize(args.paths, args.ruleset)
   if args.csv:
     from harness.results import check_writable
     check_writable(args.csv, require_our_header=False)
