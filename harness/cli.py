@@ -182,7 +182,6 @@ def cmd_run(args):
   from harness import driver, results
   spec, cfg = _workload_config(args)
   _check_data_dir(spec, args)
-  results.check_writable(args.results)
   bench_rules = rules.load(spec.mlperf_benchmark)
   if args.preset == "reference" and cfg.train.target != bench_rules.target:
     raise UsageError(f"train.target={cfg.train.target} differs from the MLPerf target "
@@ -190,20 +189,27 @@ def cmd_run(args):
   if cfg.parallel.num_processes > 1 and args.seed is None:
     raise UsageError("a multi-host run needs --seed (every process must build the same "
                      "initial weights); allowed: the same integer on every process")
-  _prepare_devices(args.framework, args.cpu_devices)
-  opts = driver.RunOptions(primary=cfg.parallel.process_id == 0, framework=args.framework,
-                           preset=args.preset, runs=args.runs, seed=args.seed,
-                           steps=args.steps, data_dir=args.data_dir,
-                           results_path=args.results, log_dir=args.log_dir, system=args.system,
-                           echo_log=args.echo_log)
-  from harness.workload import RunContext
-  def make_trainer(seed):
-    ctx = RunContext(seed=seed, preset=args.preset, data_dir=args.data_dir)
-    try:
-      return spec.make_trainer(args.framework, cfg, ctx)
-    except ValueError as e:                        # an impossible config for these devices
-      raise UsageError(str(e)) from None
-  rows = driver.run_all(spec, cfg, opts, make_trainer)
+  existed = os.path.exists(args.results)
+  results.check_writable(args.results)   # last check: it creates the file (header comes later)
+  try:
+    _prepare_devices(args.framework, args.cpu_devices)
+    opts = driver.RunOptions(primary=cfg.parallel.process_id == 0, framework=args.framework,
+                             preset=args.preset, runs=args.runs, seed=args.seed,
+                             steps=args.steps, data_dir=args.data_dir,
+                             results_path=args.results, log_dir=args.log_dir, system=args.system,
+                             echo_log=args.echo_log)
+    from harness.workload import RunContext
+    def make_trainer(seed):
+      ctx = RunContext(seed=seed, preset=args.preset, data_dir=args.data_dir)
+      try:
+        return spec.make_trainer(args.framework, cfg, ctx)
+      except ValueError as e:                        # an impossible config for these devices
+        raise UsageError(str(e)) from None
+    rows = driver.run_all(spec, cfg, opts, make_trainer)
+  except UsageError:        # a config the trainer refused before any run: leave no empty file
+    if not existed and os.path.exists(args.results) and os.path.getsize(args.results) == 0:
+      os.remove(args.results)
+    raise
   return 0 if all(r.status == "success" for r in rows) else 1
 
 

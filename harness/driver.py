@@ -159,13 +159,13 @@ class Run:
       if row["status"] == C.SUCCESS and not synthetic:
         row["time_to_train_s"] = (int(run_stop * 1000) - int(run_start * 1000)) / 1000
       result = self._row(row)
-      if opts.primary:
-        results.append_row(opts.results_path, result)
+      # Never lose the row: an append that fails goes to a recovery CSV beside the log.
+      saved = results.save_row(opts.results_path, result, self.log_path) if opts.primary else ""
       self._print(f"run_stop status={row['status']}"
                   + (f" ({row['abort_reason']})" if row["abort_reason"] else "")
                   + (f" time_to_train={result.time_to_train_s:.1f}s"
                      if result.time_to_train_s is not None else "")
-                  + (f"; row appended to {opts.results_path}" if opts.primary else ""))
+                  + (f"; {saved}" if saved else ""))
     return result
 
   def _synthetic(self, log, steps, row):
