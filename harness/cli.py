@@ -164,10 +164,14 @@ def _workload_config(args):
   mesh.check_fits(cfg.parallel, framework=args.framework, workload=spec.name,
                   workload_axes=spec.mesh_axes, global_batch_size=cfg.train.global_batch_size,
                   dims=spec.split_dims(cfg), devices=args.cpu_devices)
+  try:
+    spec.check_framework(cfg, args.framework)
+  except ValueError as e:
+    raise UsageError(str(e)) from None
   return spec, cfg
 
 
-def _check_data_dir(spec, args):
+def _check_data_dir(spec, cfg, args):
   if args.preset not in spec.needs_data_dir:
     return
   if not args.data_dir:
@@ -176,12 +180,16 @@ def _check_data_dir(spec, args):
   if not os.path.isdir(args.data_dir) or not os.listdir(args.data_dir):
     raise UsageError(f"--data-dir {args.data_dir!r} is missing or empty; allowed: "
                      f"{spec.data_dir_contents}")
+  missing = spec.missing_data(cfg, args.data_dir)
+  if missing:
+    raise UsageError(f"--data-dir {args.data_dir!r} lacks {', '.join(missing)}; expected: "
+                     f"{spec.data_dir_contents}")
 
 
 def cmd_run(args):
   from harness import driver, results
   spec, cfg = _workload_config(args)
-  _check_data_dir(spec, args)
+  _check_data_dir(spec, cfg, args)
   bench_rules = rules.load(spec.mlperf_benchmark)
   if args.preset == "reference" and cfg.train.target != bench_rules.target:
     raise UsageError(f"train.target={cfg.train.target} differs from the MLPerf target "
