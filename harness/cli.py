@@ -122,10 +122,13 @@ def build_parser():
   p.add_argument("--require-all", action="store_true",
                  help="also fail when NEW lacks a workload/framework/preset of BASELINE")
 
-  p = sub.add_parser("check", help="official MLPerf compliance check of a log (exit 0/1)",
-                     description="Run mlperf_logging's compliance checker on LOG with the "
-                                 "ruleset pinned in rules/ for its benchmark.")
-  p.add_argument("log")
+  p = sub.add_parser("check", help="official MLPerf checks of a log or a submission (exit 0/1)",
+                     description="A log: mlperf_logging's compliance checker with the ruleset "
+                                 "pinned in rules/ for its benchmark. A submission or results "
+                                 "folder: its package_checker with the round's ruleset (from a "
+                                 "training_vX.Y folder or --ruleset), including the RCP check "
+                                 "of closed-division benchmarks; one verdict per file.")
+  p.add_argument("log", metavar="PATH", help="an MLPerf log, or a submission / results folder")
   p.add_argument("--ruleset", help="override the ruleset, e.g. 4.0.0")
   return parser
 
@@ -267,6 +270,7 @@ def cmd_describe(args):
         f"{cfg.train.target:g} ({metric.units}; logged as eval_accuracy "
         f"{metric.logged(cfg.train.target):g})")
   print(f"eval schedule:            {cadence.describe(cfg.train)}")
+  print(f"RCPs:                     {_rcp_line(spec.mlperf_benchmark, gbs)}")
   derived = {k: v for k, v in config_lib.flatten(cfg).items()
              if k in _derived_keys(spec, args.preset, args.overrides)}
   if derived:
@@ -280,6 +284,20 @@ def cmd_describe(args):
     print("collectives in the step:  " + (", ".join(f"{k} {v}" for k, v in sorted(kinds.items()))
                                          or "none"))
   return 0
+
+
+def _rcp_line(benchmark, global_batch_size):
+  """Which batch sizes mlperf_logging has reference convergence points for (closed division
+  runs are checked against them), at the ruleset rules/ pins."""
+  from harness import package_check
+  ruleset = rules.load(benchmark).ruleset
+  sizes = package_check.rcp_batch_sizes(benchmark, ruleset)
+  if not sizes:
+    return f"none for {benchmark} in mlperf_logging {ruleset} (no RCP check)"
+  where = ("this batch size has one" if global_batch_size in sizes else
+           "this batch size is interpolated" if sizes[0] < global_batch_size < sizes[-1] else
+           "this batch size is outside them")
+  return f"{benchmark} {ruleset} at batch sizes {', '.join(map(str, sizes))} ({where})"
 
 
 def _derived_keys(spec, preset, overrides):
@@ -321,6 +339,11 @@ def cmd_compare(args):
 
 
 def cmd_check(args):
+  if os.path.isdir(args.log):
+    from harness import package_check
+    passed, lines = package_check.check_package(args.log, args.ruleset)
+    print("\n".join(lines))
+    return 0 if passed else 1
   from harness import compliance
   passed, report = compliance.check(args.log, args.ruleset)
   print(report)
