@@ -1,4 +1,4 @@
-"""The command line: run, list, describe, summarize, compare, check.
+"""The command line: run, list, describe, summarize, compare, check, report.
 
 Every user error becomes one line `run_benchmark.py: error: ...` and exit code 2, raised
 before any log or result file is opened.
@@ -121,6 +121,17 @@ def build_parser():
                  help="relative change that counts as a regression (default 0.05)")
   p.add_argument("--require-all", action="store_true",
                  help="also fail when NEW lacks a workload/framework/preset of BASELINE")
+
+  p = sub.add_parser("report", help="HTML page with plots from result CSVs",
+                     description="Render result CSVs (and the logs their rows point to) into "
+                                 "one self-contained HTML page: olympic scores, eval curves with "
+                                 "the target, time-to-train per run, history across commits, "
+                                 "and with --baseline a baseline-vs-new comparison.")
+  p.add_argument("csvs", nargs="+", metavar="CSV", help="result CSVs (the last is 'new')")
+  p.add_argument("--out", default="report", help="output folder (writes index.html)")
+  p.add_argument("--baseline", help="baseline result CSV to compare the last CSV against")
+  p.add_argument("--threshold", type=_fraction, default=0.05,
+                 help="regression threshold for the comparison (default 0.05)")
 
   p = sub.add_parser("check", help="official MLPerf checks of a log or a submission (exit 0/1)",
                      description="A log: mlperf_logging's compliance checker with the ruleset "
@@ -338,6 +349,13 @@ def cmd_compare(args):
   return 1 if regressed else 0
 
 
+def cmd_report(args):
+  from harness import report
+  path = report.write(args.csvs, args.out, args.baseline, args.threshold)
+  print(f"report written to {path}")
+  return 0
+
+
 def cmd_check(args):
   if os.path.isdir(args.log):
     from harness import package_check
@@ -352,7 +370,8 @@ def cmd_check(args):
 
 
 COMMANDS = {"run": cmd_run, "list": cmd_list, "describe": cmd_describe,
-            "summarize": cmd_summarize, "compare": cmd_compare, "check": cmd_check}
+            "summarize": cmd_summarize, "compare": cmd_compare, "check": cmd_check,
+            "report": cmd_report}
 
 
 def main(argv=None) -> int:

@@ -93,7 +93,7 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(cli, sandbox, args, mes
 
 
 def test_every_subcommand_has_help(cli):
-  for command in ("run", "list", "describe", "summarize", "compare", "check"):
+  for command in ("run", "list", "describe", "summarize", "compare", "check", "report"):
     proc = cli(command, "--help")
     assert proc.returncode == 0 and "usage: run_benchmark.py " + command in proc.stdout
 
