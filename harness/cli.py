@@ -93,6 +93,9 @@ def build_parser():
   p.add_argument("--system", default="", help="system name in the result rows "
                                               "(default: the host name)")
   p.add_argument("--echo-log", action="store_true", help="also print the :::MLLOG lines")
+  p.add_argument("--tensorboard", metavar="DIR", help="write loss, lr, eval metric and "
+                 "throughput scalars per chunk and eval block to DIR/<run_id>/ (TensorBoard "
+                 "event files: tensorboard --logdir DIR)")
 
   sub.add_parser("list", help="workloads, frameworks and presets",
                  description="List the workloads, frameworks and presets that exist.")
@@ -211,6 +214,8 @@ def cmd_run(args):
   if cfg.parallel.num_processes > 1 and args.seed is None:
     raise UsageError("a multi-host run needs --seed (every process must build the same "
                      "initial weights); allowed: the same integer on every process")
+  if args.tensorboard and os.path.exists(args.tensorboard) and not os.path.isdir(args.tensorboard):
+    raise UsageError(f"--tensorboard {args.tensorboard!r} is a file; allowed: a folder")
   existed = os.path.exists(args.results)
   results.check_writable(args.results)   # last check: it creates the file (header comes later)
   try:
@@ -219,7 +224,7 @@ def cmd_run(args):
                              preset=args.preset, runs=args.runs, seed=args.seed,
                              steps=args.steps, data_dir=args.data_dir,
                              results_path=args.results, log_dir=args.log_dir, system=args.system,
-                             echo_log=args.echo_log)
+                             echo_log=args.echo_log, tensorboard=args.tensorboard)
     from harness.workload import RunContext
     def make_trainer(seed):
       ctx = RunContext(seed=seed, preset=args.preset, data_dir=args.data_dir)
