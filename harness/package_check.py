@@ -5,7 +5,6 @@ for closed-division benchmarks that have RCPs), boiled down to one verdict per f
 The package checker's RCP step rewrites or deletes scaling.json in the folder it checks, so it
 runs on a copy; the user's folder is only read.
 """
-import glob
 import json
 import os
 import re
