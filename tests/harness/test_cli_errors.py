@@ -24,6 +24,8 @@ BAD_INPUTS = [
     (["run", "bert", "--preset", "reference", "--data-dir", "{tmp}/bert_parts"], "lacks eval_10k, tf1_ckpt/model.ckpt-28252; expected: a folder with the MLPerf BERT TFRecords"),
     (["run", "bert", "--preset", "reference", "--data-dir", "{tmp}/bert_no_parts"], "lacks part-*; expected"),
     (["run", "resnet50", "--framework", "tf", "--cpu-devices", "2", "--spatial-partitions", "2"], "must be a multiple of 64"),
+    (["run", "resnet50", "--cpu-devices", "8", "--bn-group-size", "3"], "--bn-group-size 3 does not divide the data axis (8)"),
+    (["run", "resnet50", "--framework", "tf", "--cpu-devices", "8", "--bn-group-size", "3"], "--bn-group-size 3 does not divide the data axis (8)"),
     (["run", "resnet50", "--results", "{tmp}/file.txt/r.csv"], "cannot be written"),
     (["run", "resnet50", "--results", "/proc/cannot/write.csv"], "'/proc/cannot/write.csv' cannot be written"),
     (["run", "resnet50", "--results", "{tmp}/foreign.csv"], "other columns"),
