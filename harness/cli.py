@@ -286,7 +286,7 @@ def cmd_describe(args):
         f"{cfg.train.target:g} ({metric.units}; logged as eval_accuracy "
         f"{metric.logged(cfg.train.target):g})")
   print(f"eval schedule:            {cadence.describe(cfg.train)}")
-  print(f"RCPs:                     {_rcp_line(spec.mlperf_benchmark, gbs)}")
+  print(f"RCPs:                     {_rcp_line(spec.mlperf_benchmark, gbs, args.preset)}")
   derived = {k: v for k, v in config_lib.flatten(cfg).items()
              if k in _derived_keys(spec, args.preset, args.overrides)}
   if derived:
@@ -302,7 +302,7 @@ def cmd_describe(args):
   return 0
 
 
-def _rcp_line(benchmark, global_batch_size):
+def _rcp_line(benchmark, global_batch_size, preset="reference"):
   """Which batch sizes mlperf_logging has reference convergence points for (closed division
   runs are checked against them), at the ruleset rules/ pins."""
   from harness import package_check
@@ -313,7 +313,9 @@ def _rcp_line(benchmark, global_batch_size):
   where = ("this batch size has one" if global_batch_size in sizes else
            "this batch size is interpolated" if sizes[0] < global_batch_size < sizes[-1] else
            "this batch size is outside them")
-  return f"{benchmark} {ruleset} at batch sizes {', '.join(map(str, sizes))} ({where})"
+  line = f"{benchmark} {ruleset} at batch sizes {', '.join(map(str, sizes))} ({where})"
+  return line + ("" if preset == "reference" else
+                 f"; a {preset} run is open division: not RCP-checked")
 
 
 def _derived_keys(spec, preset, overrides):

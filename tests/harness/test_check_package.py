@@ -41,6 +41,8 @@ def test_rcp_batch_sizes_per_round():
   assert package_check.rcp_batch_sizes("transformer", "0.7.0") == []   # no RCPs before 1.0
   assert "none for transformer" in cli._rcp_line("transformer", 1024)
   assert cli._rcp_line("resnet", 3264).endswith("(this batch size has one)")
+  assert cli._rcp_line("resnet", 64, "mini").endswith(
+      "(this batch size is outside them); a mini run is open division: not RCP-checked")
 
 
 def test_check_of_a_folder_that_is_no_submission(tmp_path, capsys):
