@@ -1,4 +1,4 @@
-"""The command line: run, list, describe, summarize, compare, check, simulate.
+"""The command line: run, list, describe, summarize, compare, check, report, simulate.
 
 Every user error becomes one line `run_benchmark.py: error: ...` and exit code 2, raised
 before any log or result file is opened.
@@ -93,6 +93,9 @@ def build_parser():
   p.add_argument("--system", default="", help="system name in the result rows "
                                               "(default: the host name)")
   p.add_argument("--echo-log", action="store_true", help="also print the :::MLLOG lines")
+  p.add_argument("--tensorboard", metavar="DIR", help="write loss, lr, eval metric and "
+                 "throughput scalars per chunk and eval block to DIR/<run_id>/ (TensorBoard "
+                 "event files: tensorboard --logdir DIR)")
 
   sub.add_parser("list", help="workloads, frameworks and presets",
                  description="List the workloads, frameworks and presets that exist.")
@@ -109,6 +112,8 @@ def build_parser():
   p.add_argument("paths", nargs="+", metavar="PATH",
                  help="a result CSV, or an MLPerf results folder / submission package")
   p.add_argument("--csv", help="also write the summary to this CSV")
+  p.add_argument("--ruleset", help="mlperf_logging ruleset of MLPerf folders, e.g. 2.1.0 "
+                                   "(default: from a training_vX.Y folder on the path)")
 
   p = sub.add_parser("compare", help="regression gate between two result CSVs (exit 1)",
                      description="Compare two result CSVs; exit 1 if any workload regressed "
@@ -120,10 +125,24 @@ def build_parser():
   p.add_argument("--require-all", action="store_true",
                  help="also fail when NEW lacks a workload/framework/preset of BASELINE")
 
-  p = sub.add_parser("check", help="official MLPerf compliance check of a log (exit 0/1)",
-                     description="Run mlperf_logging's compliance checker on LOG with the "
-                                 "ruleset pinned in rules/ for its benchmark.")
-  p.add_argument("log")
+  p = sub.add_parser("report", help="HTML page with plots from result CSVs",
+                     description="Render result CSVs (and the logs their rows point to) into "
+                                 "one self-contained HTML page: olympic scores, eval curves with "
+                                 "the target, time-to-train per run, history across commits, "
+                                 "and with --baseline a baseline-vs-new comparison.")
+  p.add_argument("csvs", nargs="+", metavar="CSV", help="result CSVs (the last is 'new')")
+  p.add_argument("--out", default="report", help="output folder (writes index.html)")
+  p.add_argument("--baseline", help="baseline result CSV to compare the last CSV against")
+  p.add_argument("--threshold", type=_fraction, default=0.05,
+                 help="regression threshold for the comparison (default 0.05)")
+
+  p = sub.add_parser("check", help="official MLPerf checks of a log or a submission (exit 0/1)",
+                     description="A log: mlperf_logging's compliance checker with the ruleset "
+                                 "pinned in rules/ for its benchmark. A submission or results "
+                                 "folder: its package_checker with the round's ruleset (from a "
+                                 "training_vX.Y folder or --ruleset), including the RCP check "
+                                 "of closed-division benchmarks; one verdict per file.")
+  p.add_argument("log", metavar="PATH", help="an MLPerf log, or a submission / results folder")
   p.add_argument("--ruleset", help="override the ruleset, e.g. 4.0.0")
 
   from harness.commsim import command as simulate_command
@@ -165,10 +184,14 @@ def _workload_config(args):
   mesh.check_fits(cfg.parallel, framework=args.framework, workload=spec.name,
                   workload_axes=spec.mesh_axes, global_batch_size=cfg.train.global_batch_size,
                   dims=spec.split_dims(cfg), devices=args.cpu_devices)
+  try:
+    spec.check_framework(cfg, args.framework)
+  except ValueError as e:
+    raise UsageError(str(e)) from None
   return spec, cfg
 
 
-def _check_data_dir(spec, args):
+def _check_data_dir(spec, cfg, args):
   if args.preset not in spec.needs_data_dir:
     return
   if not args.data_dir:
@@ -177,13 +200,16 @@ def _check_data_dir(spec, args):
   if not os.path.isdir(args.data_dir) or not os.listdir(args.data_dir):
     raise UsageError(f"--data-dir {args.data_dir!r} is missing or empty; allowed: "
                      f"{spec.data_dir_contents}")
+  missing = spec.missing_data(cfg, args.data_dir)
+  if missing:
+    raise UsageError(f"--data-dir {args.data_dir!r} lacks {', '.join(missing)}; expected: "
+                     f"{spec.data_dir_contents}")
 
 
 def cmd_run(args):
   from harness import driver, results
   spec, cfg = _workload_config(args)
-  _check_data_dir(spec, args)
-  results.check_writable(args.results)
+  _check_data_dir(spec, cfg, args)
   bench_rules = rules.load(spec.mlperf_benchmark)
   if args.preset == "reference" and cfg.train.target != bench_rules.target:
     raise UsageError(f"train.target={cfg.train.target} differs from the MLPerf target "
@@ -191,20 +217,29 @@ def cmd_run(args):
   if cfg.parallel.num_processes > 1 and args.seed is None:
     raise UsageError("a multi-host run needs --seed (every process must build the same "
                      "initial weights); allowed: the same integer on every process")
-  _prepare_devices(args.framework, args.cpu_devices)
-  opts = driver.RunOptions(primary=cfg.parallel.process_id == 0, framework=args.framework,
-                           preset=args.preset, runs=args.runs, seed=args.seed,
-                           steps=args.steps, data_dir=args.data_dir,
-                           results_path=args.results, log_dir=args.log_dir, system=args.system,
-                           echo_log=args.echo_log)
-  from harness.workload import RunContext
-  def make_trainer(seed):
-    ctx = RunContext(seed=seed, preset=args.preset, data_dir=args.data_dir)
-    try:
-      return spec.make_trainer(args.framework, cfg, ctx)
-    except ValueError as e:                        # an impossible config for these devices
-      raise UsageError(str(e)) from None
-  rows = driver.run_all(spec, cfg, opts, make_trainer)
+  if args.tensorboard and os.path.exists(args.tensorboard) and not os.path.isdir(args.tensorboard):
+    raise UsageError(f"--tensorboard {args.tensorboard!r} is a file; allowed: a folder")
+  existed = os.path.exists(args.results)
+  results.check_writable(args.results)   # last check: it creates the file (header comes later)
+  try:
+    _prepare_devices(args.framework, args.cpu_devices)
+    opts = driver.RunOptions(primary=cfg.parallel.process_id == 0, framework=args.framework,
+                             preset=args.preset, runs=args.runs, seed=args.seed,
+                             steps=args.steps, data_dir=args.data_dir,
+                             results_path=args.results, log_dir=args.log_dir, system=args.system,
+                             echo_log=args.echo_log, tensorboard=args.tensorboard)
+    from harness.workload import RunContext
+    def make_trainer(seed):
+      ctx = RunContext(seed=seed, preset=args.preset, data_dir=args.data_dir)
+      try:
+        return spec.make_trainer(args.framework, cfg, ctx)
+      except ValueError as e:                        # an impossible config for these devices
+        raise UsageError(str(e)) from None
+    rows = driver.run_all(spec, cfg, opts, make_trainer)
+  except UsageError:        # a config the trainer refused before any run: leave no empty file
+    if not existed and os.path.exists(args.results) and os.path.getsize(args.results) == 0:
+      os.remove(args.results)
+    raise
   return 0 if all(r.status == "success" for r in rows) else 1
 
 
@@ -254,6 +289,7 @@ def cmd_describe(args):
         f"{cfg.train.target:g} ({metric.units}; logged as eval_accuracy "
         f"{metric.logged(cfg.train.target):g})")
   print(f"eval schedule:            {cadence.describe(cfg.train)}")
+  print(f"RCPs:                     {_rcp_line(spec.mlperf_benchmark, gbs, args.preset)}")
   derived = {k: v for k, v in config_lib.flatten(cfg).items()
              if k in _derived_keys(spec, args.preset, args.overrides)}
   if derived:
@@ -267,6 +303,22 @@ def cmd_describe(args):
     print("collectives in the step:  " + (", ".join(f"{k} {v}" for k, v in sorted(kinds.items()))
                                          or "none"))
   return 0
+
+
+def _rcp_line(benchmark, global_batch_size, preset="reference"):
+  """Which batch sizes mlperf_logging has reference convergence points for (closed division
+  runs are checked against them), at the ruleset rules/ pins."""
+  from harness import package_check
+  ruleset = rules.load(benchmark).ruleset
+  sizes = package_check.rcp_batch_sizes(benchmark, ruleset)
+  if not sizes:
+    return f"none for {benchmark} in mlperf_logging {ruleset} (no RCP check)"
+  where = ("this batch size has one" if global_batch_size in sizes else
+           "this batch size is interpolated" if sizes[0] < global_batch_size < sizes[-1] else
+           "this batch size is outside them")
+  line = f"{benchmark} {ruleset} at batch sizes {', '.join(map(str, sizes))} ({where})"
+  return line + ("" if preset == "reference" else
+                 f"; a {preset} run is open division: not RCP-checked")
 
 
 def _derived_keys(spec, preset, overrides):
@@ -283,7 +335,7 @@ def _derived_keys(spec, preset, overrides):
 
 def cmd_summarize(args):
   from harness import summarize
-  table = summarize.summarize(args.paths)
+  table = summarize.summarize(args.paths, args.ruleset)
   if args.csv:
     from harness.results import check_writable
     check_writable(args.csv, require_our_header=False)
@@ -307,7 +359,19 @@ def cmd_compare(args):
   return 1 if regressed else 0
 
 
+def cmd_report(args):
+  from harness import report
+  path = report.write(args.csvs, args.out, args.baseline, args.threshold)
+  print(f"report written to {path}")
+  return 0
+
+
 def cmd_check(args):
+  if os.path.isdir(args.log):
+    from harness import package_check
+    passed, lines = package_check.check_package(args.log, args.ruleset)
+    print("\n".join(lines))
+    return 0 if passed else 1
   from harness import compliance
   passed, report = compliance.check(args.log, args.ruleset)
   print(report)
@@ -322,7 +386,7 @@ def cmd_simulate(args):
 
 COMMANDS = {"run": cmd_run, "list": cmd_list, "describe": cmd_describe,
             "summarize": cmd_summarize, "compare": cmd_compare, "check": cmd_check,
-            "simulate": cmd_simulate}
+            "report": cmd_report, "simulate": cmd_simulate}
 
 
 def main(argv=None) -> int:

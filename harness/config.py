@@ -31,7 +31,7 @@ class TrainConfig:
   target: float = 0.759               # quality target in the workload metric's own units
   precision: str = "float32"          # float32 | bfloat16 (mixed: bf16 compute, f32 params)
   synthetic_steps: int = 100          # steps of a synthetic (throughput-only) run
-  steps_per_loop: int = 0             # 0: one loop per eval block; >0: progress every N steps
+  steps_per_loop: int = 0             # >0: a progress line every N steps; 0: per epoch in multi-epoch blocks
   jit_compile: bool = True            # TF: XLA-compile the steps (JAX always compiles)
   # Sample-based cadence (MLPerf BERT): when eval_every_samples > 0 the driver evaluates every
   # that many training samples (rounded up to whole batches), logs epoch_num = samples trained,

@@ -17,6 +17,7 @@ import traceback
 import uuid
 
 from harness import cadence, results
+from harness.tensorboard import ScalarWriter
 from harness.mllog import RunLog, constants as C
 
 # Dense peak FLOP/s per device for MFU, by device_kind substring and precision.
@@ -41,6 +42,7 @@ class RunOptions:
   system: str = ""
   echo_log: bool = False
   primary: bool = True             # multi-host: only process 0 writes the log and the row
+  tensorboard: str | None = None   # scalars per chunk and block to DIR/<run_id>/ (event files)
 
 
 def _git_commit():
@@ -89,10 +91,14 @@ class Run:
 
   def execute(self) -> results.ResultRow:
     log = RunLog(self.log_path if self.opts.primary else os.devnull, echo=self.opts.echo_log)
+    self.tb = (ScalarWriter(os.path.join(self.opts.tensorboard, self.run_id))
+               if self.opts.tensorboard and self.opts.primary else None)
     try:
       return self._execute(log)
     finally:
       log.close()
+      if self.tb:
+        self.tb.close()
 
   def _log_init_keys(self, log):
     cfg, trainer = self.cfg, self.trainer
@@ -159,13 +165,13 @@ class Run:
       if row["status"] == C.SUCCESS and not synthetic:
         row["time_to_train_s"] = (int(run_stop * 1000) - int(run_start * 1000)) / 1000
       result = self._row(row)
-      if opts.primary:
-        results.append_row(opts.results_path, result)
+      # Never lose the row: an append that fails goes to a recovery CSV beside the log.
+      saved = results.save_row(opts.results_path, result, self.log_path) if opts.primary else ""
       self._print(f"run_stop status={row['status']}"
                   + (f" ({row['abort_reason']})" if row["abort_reason"] else "")
                   + (f" time_to_train={result.time_to_train_s:.1f}s"
                      if result.time_to_train_s is not None else "")
-                  + (f"; row appended to {opts.results_path}" if opts.primary else ""))
+                  + (f"; {saved}" if saved else ""))
     return result
 
   def _synthetic(self, log, steps, row):
@@ -194,7 +200,7 @@ class Run:
         break
       log.start(C.BLOCK_START, first_epoch_num=first, epoch_count=count)
       start = time.time()
-      metrics = self._train_block(block_steps)
+      metrics = self._train_block(block_steps, steps_done, per_epoch)
       train_time += time.time() - start
       steps_done += block_steps
       epoch = steps_done / per_epoch
@@ -215,6 +221,10 @@ class Run:
       log.end(C.BLOCK_STOP, first_epoch_num=first, epoch_count=count)
       row.update(metric=value, epochs=epoch, samples=steps_done * gbs,
                  throughput=steps_done * gbs / train_time)
+      if self.tb:
+        self.tb.scalars(steps_done, {"train/loss": metrics["loss"], "train/lr": metrics["lr"],
+                                     f"eval/{metric.name}": value,
+                                     "train/samples_per_s": row["throughput"]})
       self._print(f"{progress} | {steps_done * gbs / train_time:.1f}"
                   f" samples/s | loss {metrics['loss']:.4f} | lr {metrics['lr']:.4g} | "
                   f"{metric.name} {value:.4f} (target {target:g}) | "
@@ -226,16 +236,32 @@ class Run:
                            + (f"({steps_done * gbs} samples)" if by_samples
                               else f"({steps_done / per_epoch:g} epochs)"))
 
-  def _train_block(self, block_steps):
-    """Runs a block as one trainer call, or in chunks of train.steps_per_loop for progress."""
-    chunk = self.cfg.train.steps_per_loop or block_steps
+  def _train_block(self, block_steps, steps_before=0, per_epoch=0):
+    """Runs a block in chunks of train.steps_per_loop, or (0) of one epoch when the block
+    spans several (a reference ResNet block is 4 epochs): a progress line per chunk inside
+    the block; the block's end is reported with its eval."""
+    chunk = self.cfg.train.steps_per_loop or (
+        per_epoch if 0 < per_epoch < block_steps else block_steps)
+    gbs = self.cfg.train.global_batch_size
     metrics, done = {}, 0
     while done < block_steps:
       n = min(chunk, block_steps - done)
+      start = time.time()
       metrics = self.trainer.train(n)
       done += n
       if not math.isfinite(metrics["loss"]):
         break
+      if done < block_steps:
+        step = steps_before + done
+        speed = n * gbs / max(time.time() - start, 1e-9)
+        self._print(f"  step {step} (epoch {step / per_epoch:.2f}, block {done}/{block_steps})"
+                    f" | {speed:.1f} samples/s | loss {metrics['loss']:.4f} | "
+                    f"lr {metrics['lr']:.4g}" if per_epoch else
+                    f"  step {step} (block {done}/{block_steps}) | {speed:.1f} samples/s | "
+                    f"loss {metrics['loss']:.4f}")
+        if self.tb:
+          self.tb.scalars(step, {"train/loss": metrics["loss"], "train/lr": metrics.get("lr"),
+                                 "train/samples_per_s": speed})
     return metrics
 
   def _row(self, r) -> results.ResultRow:

@@ -55,25 +55,54 @@ def _encode(values: list) -> bytes:
   return buffer.getvalue().encode()
 
 
+# The columns without which a CSV is not a result CSV of this harness (any version).
+CORE_COLUMNS = ["workload", "framework", "preset", "status", "time_to_train_s"]
+
+
 def check_writable(path: str, require_our_header: bool = True) -> None:
-  """Fails (UsageError) before a run starts if the row could not be appended to `path`."""
-  parent = os.path.dirname(os.path.abspath(path))
+  """Fails (UsageError) before a run starts if the row could not be appended to `path`: the
+  file is created (or opened for appending) now, so a run never trains for a file it cannot
+  write. A result CSV of an older version (other columns) gets the missing columns first."""
   if os.path.isdir(path):
     raise UsageError(f"--results {path!r} is a directory; allowed: a CSV file path")
-  if os.path.exists(path):
-    if not os.access(path, os.W_OK):
-      raise UsageError(f"--results {path!r} cannot be written (permission denied)")
-    header = _read_header(path) if require_our_header else None
-    if header is not None and header != COLUMNS:
+  if require_our_header and os.path.exists(path):
+    header = _read_header(path)
+    if header is not None and not set(CORE_COLUMNS) <= set(header):
       raise UsageError(f"--results {path!r} has other columns than a result CSV of this "
                        "harness; allowed: a new file or one written by run_benchmark.py")
-    return
-  existing = parent
-  while not os.path.exists(existing):
-    existing = os.path.dirname(existing)
-  if not os.path.isdir(existing) or not os.access(existing, os.W_OK):
-    raise UsageError(f"--results {path!r} cannot be created: {existing!r} is not a "
-                     "writable directory")
+  try:
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    os.close(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644))
+  except OSError as e:
+    raise UsageError(f"--results {path!r} cannot be written ({e.strerror}); allowed: a CSV "
+                     "path in a writable folder") from None
+  if require_our_header:
+    upgrade_header(path)
+
+
+def upgrade_header(path: str) -> list[str]:
+  """Adds the columns this version writes to an older result CSV (rows keep their values,
+  new columns are empty); the file is replaced whole under the append lock. Returns the
+  columns added."""
+  fd = os.open(path, os.O_RDWR)
+  try:
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    header = _read_header(path)
+    if header is None or header == COLUMNS or set(COLUMNS) <= set(header):
+      return []
+    frame = pd.read_csv(path, dtype=str, keep_default_na=False)
+    added = [c for c in COLUMNS if c not in frame.columns]
+    for column in added:
+      frame[column] = ""
+    frame = frame[COLUMNS + [c for c in header if c not in COLUMNS]]
+    tmp = f"{path}.upgrade-{os.getpid()}"
+    frame.to_csv(tmp, index=False, lineterminator="\n")
+    os.replace(tmp, path)
+    print(f"{path}: added the columns of this harness version ({', '.join(added)}); "
+          f"{len(frame)} rows kept", flush=True)
+    return added
+  finally:
+    os.close(fd)
 
 
 def _read_header(path):
@@ -83,16 +112,39 @@ def _read_header(path):
 
 
 def append_row(path: str, row: ResultRow) -> None:
+  """Appends one row in the column order of the file's own header (ours for a new file)."""
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  values = [getattr(row, c) for c in COLUMNS]
-  fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-  try:
+  while True:
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     fcntl.flock(fd, fcntl.LOCK_EX)
+    if os.path.exists(path) and os.fstat(fd).st_ino == os.stat(path).st_ino:
+      break
+    os.close(fd)        # upgrade_header replaced the file while we waited: open the new one
+  try:
     new_file = os.fstat(fd).st_size == 0
+    header = COLUMNS if new_file else (_read_header(path) or COLUMNS)
+    values = [getattr(row, c, None) for c in header]
     os.write(fd, (_encode(COLUMNS) if new_file else b"") + _encode(values))
     os.fsync(fd)
   finally:
     os.close(fd)          # closing releases the lock
+
+
+def save_row(path: str, row: ResultRow, log_path: str) -> str:
+  """Appends the row to `path`; if that fails, to a recovery CSV beside the run's log (or, if
+  even that fails, prints it). Returns one line saying where the row went."""
+  try:
+    append_row(path, row)
+    return f"row appended to {path}"
+  except OSError as e:
+    reason = f"cannot append to {path} ({e.strerror or e})"
+  recovery = os.path.splitext(log_path)[0] + ".result.csv"
+  try:
+    append_row(recovery, row)
+    return f"{reason}; row saved to {recovery}"
+  except OSError:
+    line = _encode([getattr(row, c) for c in COLUMNS]).decode().strip()
+    return f"{reason}, nor to {recovery}; the row: {line}"
 
 
 def read_csv(path: str) -> pd.DataFrame:
@@ -104,9 +156,22 @@ def read_csv(path: str) -> pd.DataFrame:
                      "run_benchmark.py") from None
   except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
     raise UsageError(f"{path!r} is not a readable result CSV ({type(e).__name__})") from None
-  missing = [c for c in ("workload", "framework", "preset", "status", "time_to_train_s")
-             if c not in frame.columns]
+  missing = [c for c in CORE_COLUMNS if c not in frame.columns]
   if missing:
     raise UsageError(f"{path!r} is not a result CSV of this harness: missing columns "
                      f"{', '.join(missing)}")
+  return _fill_older_columns(frame)
+
+
+def _fill_older_columns(frame):
+  """A CSV of an older version lacks some columns: the ones summaries group by are derived
+  (system from host, the MLPerf benchmark from the workload's spec), the rest are empty."""
+  if "system" not in frame.columns:
+    frame["system"] = frame["host"] if "host" in frame.columns else ""
+  if "mlperf_benchmark" not in frame.columns:
+    from harness import registry                    # neutral: specs import no framework
+    frame["mlperf_benchmark"] = [registry.get(w).mlperf_benchmark for w in frame["workload"]]
+  for column in COLUMNS:
+    if column not in frame.columns:
+      frame[column] = None
   return frame

@@ -1,19 +1,21 @@
 """MLPerf olympic scoring, for result CSVs of ours and for official MLPerf result folders.
 
-Scoring follows mlperf_logging.result_summarizer (training): a run's time is
-run_stop - run_start; of the converged runs, sorted, the fastest and the slowest are dropped
-and the rest averaged. One non-converged run may count as the dropped slowest (then only the
-fastest converged run is dropped); two or more invalidate the score. A score also needs the
-benchmark's required run count (rules/*.yaml for ours, mlperf_logging.benchmark_meta for
-MLPerf folders), where the official tool averages whatever files exist.
+A run's time is run_stop - run_start. Of the converged runs, sorted, the `drop` fastest and
+slowest are dropped and the rest averaged; non-converged runs count as dropped slowest ones, so
+more than `drop` of them invalidate the score (drop is 1, and 4 for unet3d).
+Our CSVs: the latest rules/*.yaml run count of runs, and a score needs that many.
+MLPerf folders: exactly what mlperf_logging.result_summarizer computes for the folder's round
+(see the section below), so the two agree on every round in ../shared/mlperf_results.
 """
 import glob
 import json
+import logging
 import os
+import re
 
 import pandas as pd
 from mlperf_logging import benchmark_meta
-from mlperf_logging.compliance_checker import mlp_parser
+from mlperf_logging.compliance_checker import mlp_compliance, mlp_parser
 
 from harness import results, rules
 from harness.errors import UsageError
@@ -22,15 +24,22 @@ SUMMARY_COLUMNS = ["system", "system_name", "benchmark", "framework", "preset", 
                    "converged", "score_min", "note"]
 
 
-def olympic_minutes(minutes: list[float], failed: int) -> tuple[float | None, str]:
+def olympic_minutes(minutes: list[float], failed: int, drop: int = 1
+                    ) -> tuple[float | None, str]:
   """(score, note) for the converged runs' minutes and the count of non-converged runs."""
-  if failed > 1:
-    return None, f"{failed} runs did not converge; at most 1 is allowed"
+  if failed > drop:
+    return None, f"{failed} runs did not converge or failed the check; at most {drop} allowed"
   scores = sorted(minutes)
-  kept = scores[1:len(scores) - (1 - failed)]
+  kept = scores[drop:len(scores) - (drop - failed)]
   if not kept:
-    return None, f"{len(scores)} converged runs are too few to drop the fastest and slowest"
+    return None, (f"{len(scores)} converged runs are too few to drop the {drop} fastest and "
+                  "slowest")
   return sum(kept) / len(kept), ""
+
+
+def _row(system, system_name, benchmark, framework, preset, runs, converged, score, note):
+  return dict(system=system, system_name=system_name, benchmark=benchmark, framework=framework,
+              preset=preset, runs=runs, converged=converged, score_min=score, note=note)
 
 
 def _score(system, system_name, benchmark, framework, preset, minutes, failed, required):
@@ -38,8 +47,8 @@ def _score(system, system_name, benchmark, framework, preset, minutes, failed, r
   score, note = olympic_minutes(minutes, failed)
   if total < required:
     score, note = None, f"{total} runs; {benchmark} needs {required}"
-  return dict(system=system, system_name=system_name, benchmark=benchmark, framework=framework,
-              preset=preset, runs=total, converged=len(minutes), score_min=score, note=note)
+  return _row(system, system_name, benchmark, framework, preset, total, len(minutes), score,
+              note)
 
 
 # ----------------------------------------------------------------------------- our CSVs
@@ -59,22 +68,89 @@ def summarize_csv(path: str) -> list[dict]:
 
 
 # ----------------------------------------------------------------------------- MLPerf folders
+# Scored as mlperf_logging.result_summarizer scores them (training, strong scaling): every log is
+# first run through the round's compliance checker and parsed with the round's ruleset; a log
+# that fails either counts as a dropped run, like a non-converged one; the olympic average
+# drops `drop` fastest and slowest; the result is multiplied by the benchmark folder's
+# scaling.json (the RCP normalisation the review committee committed). The official tool does
+# not require the run count, so a short folder keeps its score and only gets a note.
 
-def run_minutes(log_path: str, ruleset: str = "0.7.0") -> tuple[float | None, bool]:
-  """(minutes from the first run_start to the first run_stop, converged?) of an MLPerf log."""
-  lines, _ = mlp_parser.parse_file(log_path, ruleset=ruleset)
-  start = next((l for l in lines if l.key == "run_start"), None)
-  stop = next((l for l in lines if l.key == "run_stop"), None)
+ROUND_FOLDER = re.compile(r"^training_v(\d+)\.(\d+)$")
+
+
+def drop_count(benchmark: str) -> int:
+  """Fastest and slowest runs the olympic average drops (result_summarizer and rcp_checker
+  both use 4 for unet3d's 40 runs, 1 otherwise; benchmark_meta does not hold this rule)."""
+  return 4 if benchmark == "unet3d" else 1
+
+
+def known_rulesets() -> list[str]:
+  return sorted(r for r in mlp_compliance.rule_choices()
+                if os.path.isdir(os.path.join(os.path.dirname(mlp_compliance.__file__),
+                                              f"training_{r}")))
+
+
+def ruleset_of(path: str, ruleset: str | None = None) -> str:
+  """The round's ruleset: the --ruleset given, else from a training_vX.Y folder on the path."""
+  allowed = known_rulesets()
+  if ruleset is not None:
+    if ruleset not in allowed:
+      raise UsageError(f"--ruleset {ruleset!r} is unknown; allowed: {', '.join(allowed)}")
+    return ruleset
+  for part in reversed(os.path.abspath(path).split(os.sep)):
+    match = ROUND_FOLDER.match(part)
+    if match and f"{match[1]}.{match[2]}.0" in allowed:
+      return f"{match[1]}.{match[2]}.0"
+  raise UsageError(f"{path!r}: the MLPerf round is not in its path (a training_vX.Y folder); "
+                   f"pass --ruleset, allowed: {', '.join(allowed)}")
+
+
+def run_minutes(log_path: str, ruleset: str) -> tuple[float | None, str]:
+  """(minutes from run_start to run_stop, "" or why the run does not count) of an MLPerf log,
+  after the round's compliance check, as the official summarizer reads it."""
+  previous = logging.root.manager.disable
+  logging.disable(logging.CRITICAL)          # the checker logs every finding to the root logger
+  try:
+    checker = mlp_compliance.make_checker(usage="training", ruleset=ruleset, quiet=True,
+                                          werror=False)   # fresh per log: it keeps state
+    valid = checker.check_file(log_path, f"training_{ruleset}/common.yaml")
+    lines, failed = mlp_parser.parse_file(log_path, ruleset=ruleset)
+  finally:
+    logging.disable(previous)
+  if not valid:
+    return None, "compliance check failed"
+  if failed:
+    return None, "parse error"
+  start = stop = None
+  for line in lines:                # the official order: the run_start seen before run_stop
+    if line.key == "run_start":
+      start = line.timestamp
+    if line.key == "run_stop":
+      stop = line.timestamp
+    if start is not None and stop is not None:
+      break
   if start is None or stop is None:
-    return None, False
-  status = (stop.value.get("metadata") or {}).get("status")
-  return (stop.timestamp - start.timestamp) / 60000.0, status == "success"
+    return None, "no run_start/run_stop"
+  return (float(stop) - float(start)) / 60000.0, ""
+
+
+def scaling_factor(bench_dir: str) -> float:
+  """The RCP normalisation committed as scaling.json (1.0 when there is none)."""
+  path = os.path.join(bench_dir, "scaling.json")
+  if not os.path.isfile(path):
+    return 1.0
+  with open(path) as f:
+    return float(json.load(f)["scaling_factor"])
 
 
 def _system_dirs(path):
-  """[(system folder, systems/*.json or None)] for an org folder, a results/ folder, or one
-  system folder (`<system>/<benchmark>/result_*.txt`)."""
+  """[(system folder, systems/*.json or None)] for a round folder of org folders, an org
+  folder, a results/ folder, or one system folder (`<system>/<benchmark>/result_*.txt`)."""
   path = os.path.abspath(path)
+  orgs = [d for d in sorted(glob.glob(os.path.join(path, "*")))
+          if os.path.isdir(os.path.join(d, "results")) and os.path.isdir(os.path.join(d, "systems"))]
+  if orgs:                                        # a round folder: training_vX.Y/<org>/...
+    return [pair for org in orgs for pair in _system_dirs(org)]
   if os.path.isdir(os.path.join(path, "results")):
     results_dir = os.path.join(path, "results")
   elif glob.glob(os.path.join(path, "*", "*", "result_*.txt")):
@@ -97,10 +173,12 @@ def _system_json(org, system):
   return None
 
 
-def summarize_mlperf(path: str, usage="training") -> list[dict]:
+def summarize_mlperf(path: str, ruleset: str | None = None) -> list[dict]:
+  systems = _system_dirs(path)
+  ruleset = ruleset_of(path, ruleset)
+  counts = benchmark_meta.get_result_file_counts("training")   # the official run counts
   rows = []
-  counts = benchmark_meta._ALL_RESULT_FILE_COUNTS[usage]  # the official run-count table
-  for system_dir, desc in _system_dirs(path):
+  for system_dir, desc in systems:
     system = os.path.basename(system_dir)
     desc = desc or {}
     for bench_dir in sorted(glob.glob(os.path.join(system_dir, "*"))):
@@ -109,26 +187,39 @@ def summarize_mlperf(path: str, usage="training") -> list[dict]:
         continue
       benchmark = os.path.basename(bench_dir)
       benchmark = "maskrcnn" if benchmark == "mask" else benchmark
-      minutes, failed = [], 0
-      for log in files:
-        value, converged = run_minutes(log)
-        if converged:
-          minutes.append(value)
+      minutes, dropped = [], []
+      for log in sorted(files):
+        value, why = run_minutes(log, ruleset)
+        if why:
+          dropped.append(why)
         else:
-          failed += 1
-      rows.append(_score(system, desc.get("system_name", system), benchmark,
-                         desc.get("framework", ""), desc.get("division", ""), minutes, failed,
-                         counts.get(benchmark, 0)))
+          minutes.append(value)
+      drop = drop_count(benchmark)
+      score, note = olympic_minutes(minutes, len(dropped), drop)
+      if score is not None:
+        score *= scaling_factor(bench_dir)
+      notes = [note] if note else []
+      for why in sorted(set(dropped)):
+        notes.append(f"{dropped.count(why)} dropped: {why}")
+      required = counts.get(benchmark, 0)
+      if len(files) < required:          # the official tool scores it anyway; say so
+        notes.append(f"{len(files)} runs; {benchmark} needs {required}")
+      if scaling_factor(bench_dir) != 1.0:
+        notes.append(f"x{scaling_factor(bench_dir):.6g} (scaling.json)")
+      rows.append(_row(system, desc.get("system_name", system), benchmark,
+                       desc.get("framework", ""), desc.get("division", ""), len(files),
+                       len(minutes), score, "; ".join(notes)))
   return rows
 
 
-def summarize(paths: list[str]) -> pd.DataFrame:
+def summarize(paths: list[str], ruleset: str | None = None) -> pd.DataFrame:
+  """One row per (system, benchmark); `ruleset` overrides the round of MLPerf folders."""
   rows = []
   for path in paths:
     if os.path.isfile(path):
       rows += summarize_csv(path)
     elif os.path.isdir(path):
-      rows += summarize_mlperf(path)
+      rows += summarize_mlperf(path, ruleset)
     else:
       raise UsageError(f"{path!r}: no such file or folder; allowed: a result CSV or an MLPerf "
                        "results folder")

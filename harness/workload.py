@@ -93,6 +93,12 @@ class WorkloadSpec:
   param_axes: tuple = ()                     # ((path regex, logical axes), ...) every parameter
   needs_data_dir: tuple[str, ...] = ("reference",)
   data_dir_contents: str = "a tensorflow-datasets data dir holding imagenet2012"
+  # (cfg, data_dir) -> what the run would read but the folder lacks (paths or patterns);
+  # checked before any framework loads, so a wrong folder is one line, not a traceback.
+  missing_data: Callable[[Any, str], list[str]] = lambda cfg, data_dir: []
+  # (cfg, framework) -> None or ValueError: a framework's own limits on the config, checked
+  # before it loads (its start-up output would bury the one-line error).
+  check_framework: Callable[[Any, str], None] = lambda cfg, framework: None
 
   @property
   def metric_name(self) -> str:

@@ -20,7 +20,14 @@ BAD_INPUTS = [
     (["run", "resnet50", "--preset", "reference"], "--data-dir is required"),
     (["run", "resnet50", "--preset", "reference", "--data-dir", "{tmp}/nowhere"], "missing or empty"),
     (["run", "resnet50", "--preset", "reference", "--data-dir", "{tmp}/empty"], "missing or empty"),
-    (["run", "resnet50", "--results", "{tmp}/file.txt/r.csv"], "cannot be created"),
+    (["run", "resnet50", "--preset", "reference", "--data-dir", "{tmp}/other"], "--data-dir '{tmp}/other' lacks imagenet2012/; expected: a tensorflow-datasets data dir"),
+    (["run", "bert", "--preset", "reference", "--data-dir", "{tmp}/bert_parts"], "lacks eval_10k, tf1_ckpt/model.ckpt-28252; expected: a folder with the MLPerf BERT TFRecords"),
+    (["run", "bert", "--preset", "reference", "--data-dir", "{tmp}/bert_no_parts"], "lacks part-*; expected"),
+    (["run", "resnet50", "--framework", "tf", "--cpu-devices", "2", "--spatial-partitions", "2"], "must be a multiple of 64"),
+    (["run", "resnet50", "--cpu-devices", "8", "--bn-group-size", "3"], "--bn-group-size 3 does not divide the data axis (8)"),
+    (["run", "resnet50", "--framework", "tf", "--cpu-devices", "8", "--bn-group-size", "3"], "--bn-group-size 3 does not divide the data axis (8)"),
+    (["run", "resnet50", "--results", "{tmp}/file.txt/r.csv"], "cannot be written"),
+    (["run", "resnet50", "--results", "/proc/cannot/write.csv"], "'/proc/cannot/write.csv' cannot be written"),
     (["run", "resnet50", "--results", "{tmp}/foreign.csv"], "other columns"),
     (["run", "resnet50", "--results", "{tmp}"], "is a directory"),
     (["summarize", "{tmp}/nothing.csv"], "no such file or folder"),
@@ -55,6 +62,14 @@ def sandbox(tmp_path):
   (tmp_path / "file.txt").write_text("not a log\n")
   (tmp_path / "foreign.csv").write_text("a,b\n1,2\n")
   (tmp_path / "binary.csv").write_bytes(b"\xff\xfe\x00\x81garbage\x00")
+  (tmp_path / "other").mkdir()
+  (tmp_path / "other" / "mnist").mkdir()                      # a tfds dir without imagenet
+  (tmp_path / "bert_parts").mkdir()
+  (tmp_path / "bert_parts" / "part-00000-of-00500").write_text("")
+  (tmp_path / "bert_no_parts").mkdir()
+  (tmp_path / "bert_no_parts" / "eval_10k").write_text("")
+  (tmp_path / "bert_no_parts" / "tf1_ckpt").mkdir()
+  (tmp_path / "bert_no_parts" / "tf1_ckpt" / "model.ckpt-28252.index").write_text("")
   return tmp_path
 
 
@@ -72,7 +87,7 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(cli, sandbox, args, mes
   lines = proc.stderr.strip().splitlines()
   assert len(lines) == 1, proc.stderr
   assert "Traceback" not in proc.stderr
-  assert message in lines[0], lines[0]
+  assert message.replace("{tmp}", str(sandbox)) in lines[0], lines[0]
   assert lines[0].startswith("run_benchmark.py: error: ")
   assert _snapshot(str(sandbox), os.path.join(ROOT, "results"),
                    os.path.join(ROOT, "logs")) == before
@@ -80,7 +95,7 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(cli, sandbox, args, mes
 
 
 def test_every_subcommand_has_help(cli):
-  for command in ("run", "list", "describe", "summarize", "compare", "check"):
+  for command in ("run", "list", "describe", "summarize", "compare", "check", "report"):
     proc = cli(command, "--help")
     assert proc.returncode == 0 and "usage: run_benchmark.py " + command in proc.stdout
 

@@ -48,3 +48,75 @@ def test_noise_aware_verdict(tmp_path):
   new = _csv(tmp_path, "new.csv", [make_row(i, time_to_train_s=t) for i, t in
                                    enumerate([85.0, 110.0, 135.0])])
   assert compare.compare(base, new, 0.05)["verdict"].tolist() == ["ok"]
+
+
+# ----------------------------------------------------------------------------- the CI gate
+
+import os
+import shlex
+
+import numpy as np
+import pytest
+import yaml
+
+from harness.errors import UsageError
+from tests.conftest import ROOT
+
+BASELINE = os.path.join(ROOT, "results", "baseline_cpu_mini.csv")
+WORKFLOW = os.path.join(ROOT, "docs", "ci", "regression.yml")
+
+
+def _scaled(tmp_path, name, ttt_factors, tp_factors=None):
+  """The committed baseline with each run's time-to-train (and throughput) scaled."""
+  frame = results.read_csv(BASELINE)
+  frame["time_to_train_s"] = frame["time_to_train_s"] * ttt_factors
+  if tp_factors is not None:
+    frame["throughput"] = frame["throughput"] * tp_factors
+  path = str(tmp_path / name)
+  frame[results.COLUMNS].to_csv(path, index=False)
+  return path
+
+
+def test_gate_on_the_committed_baseline_noise_only_passes(tmp_path):
+  """Runs re-drawn within +-8% of the baseline's: no verdict is a regression, exit 0."""
+  rng = np.random.default_rng(0)
+  for trial in range(5):
+    noisy = _scaled(tmp_path, f"noisy{trial}.csv", rng.uniform(0.92, 1.08, 10),
+                    rng.uniform(0.92, 1.08, 10))
+    table = compare.compare(BASELINE, noisy, 0.10)
+    assert not table["verdict"].str.startswith("regression").any(), table
+    assert cli.main(["compare", BASELINE, noisy, "--threshold", "0.10", "--require-all"]) == 0
+
+
+def test_gate_on_the_committed_baseline_planted_regressions_fail(tmp_path):
+  """One framework 60% slower to train (more than its own spread), or 40% less throughput."""
+  jax_rows = (results.read_csv(BASELINE)["framework"] == "jax").to_numpy()
+  slow = _scaled(tmp_path, "slow.csv", np.where(jax_rows, 1.6, 1.0))
+  table = compare.compare(BASELINE, slow, 0.10).set_index("framework")
+  assert table.loc["jax", "verdict"] == "regression (time-to-train)"
+  assert table.loc["tf", "verdict"] == "ok"
+  assert cli.main(["compare", BASELINE, slow, "--threshold", "0.10"]) == 1
+  starved = _scaled(tmp_path, "tp.csv", 1.0, np.where(jax_rows, 1.0, 0.6))
+  assert compare.compare(BASELINE, starved, 0.10).set_index("framework").loc[
+      "tf", "verdict"] == "regression (throughput)"
+  assert cli.main(["compare", BASELINE, starved, "--threshold", "0.10"]) == 1
+
+
+def test_the_documented_ci_workflow_runs_real_commands():
+  """docs/ci/regression.yml: every run_benchmark.py command parses with our CLI, and the
+  compare step can fail the job (not continue-on-error)."""
+  with open(WORKFLOW) as f:
+    workflow = yaml.safe_load(f)
+  steps = workflow["jobs"]["regression"]["steps"]
+  commands = [shlex.split(line.strip())[2:] for step in steps
+              for line in step.get("run", "").splitlines()
+              if line.strip().startswith("python run_benchmark.py")]
+  assert {c[0] for c in commands} == {"run", "compare", "report"}
+  parser = cli.build_parser()
+  for command in commands:
+    try:
+      parser.parse_args(command)
+    except UsageError as e:
+      pytest.fail(f"{command}: {e}")
+  gate = [s for s in steps if "compare" in s.get("run", "")][0]
+  assert not gate.get("continue-on-error") and "if" not in gate

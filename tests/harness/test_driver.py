@@ -152,7 +152,8 @@ def test_listed_epoch_schedule_evaluates_at_exactly_those_epochs(tmp_path):
   cfg.train.eval_at_epochs, cfg.train.max_epochs = (2.0, 4.0, 5.0), 9
   trainer = ScriptedTrainer([0.1, 0.2, 0.3])
   row, events, _ = _run(tmp_path, trainer, cfg)
-  assert trainer.steps == [20, 20, 10] and row.status == "aborted"   # budget ends at epoch 5
+  # Blocks of 2, 2 and 1 epochs, each run one epoch per call (a progress line between).
+  assert trainer.steps == [10] * 5 and row.status == "aborted"   # budget ends at epoch 5
   assert [e["metadata"]["epoch_num"] for e in events if e["key"] == "eval_accuracy"] == [2, 4, 5]
   blocks = [(e["metadata"]["first_epoch_num"], e["metadata"]["epoch_count"])
             for e in events if e["key"] == "block_start"]

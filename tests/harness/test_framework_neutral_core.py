@@ -9,8 +9,9 @@ from tests.conftest import ROOT
 def test_harness_imports_no_framework():
   code = ("import sys, harness.cli, harness.driver, harness.mllog, harness.rules, "
           "harness.results, harness.summarize, harness.compare, harness.compliance, "
-          "harness.registry, harness.commsim.command, harness.commsim.tables, "
-          "harness.commsim.functional; harness.registry.get('resnet50');"
+          "harness.registry, harness.report, harness.package_check, harness.tensorboard, "
+          "harness.commsim.command, harness.commsim.tables, harness.commsim.functional; "
+          "harness.registry.get('resnet50');"
           "bad = [m for m in ('tensorflow', 'jax', 'flax', 'keras') if m in sys.modules];"
           "print(bad); sys.exit(1 if bad else 0)")
   proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)

@@ -62,8 +62,58 @@ def test_check_writable_refuses_foreign_csv_and_directories(tmp_path):
     results.check_writable(str(foreign))
   with pytest.raises(UsageError, match="is a directory"):
     results.check_writable(str(tmp_path))
-  results.check_writable(str(tmp_path / "new" / "deeper.csv"))      # creatable: fine
+  results.check_writable(str(tmp_path / "new" / "deeper.csv"))      # created now, empty
+  assert (tmp_path / "new" / "deeper.csv").read_text() == ""
   assert foreign.read_text() == "a,b\n1,2\n"
+  with pytest.raises(UsageError, match="cannot be written"):        # even as root
+    results.check_writable("/proc/cannot/write.csv")
+
+
+def test_an_older_csv_is_upgraded_appended_and_read(tmp_path, capsys):
+  """A CSV of an older version (no system, mlperf_benchmark, mfu; another order) keeps its rows,
+  gets the new columns, takes new rows and still reads with system and benchmark filled in."""
+  old_columns = [c for c in results.COLUMNS if c not in ("system", "mlperf_benchmark", "mfu")]
+  old_columns = old_columns[::-1]
+  path = tmp_path / "old.csv"
+  with open(path, "w", newline="") as f:
+    writer = csv.DictWriter(f, old_columns)
+    writer.writeheader()
+    for i in range(2):
+      row = vars(make_row(i))
+      writer.writerow({c: row[c] for c in old_columns})
+  results.check_writable(str(path))
+  assert "added the columns" in capsys.readouterr().out
+  results.append_row(str(path), make_row(7, system="new-box"))
+  frame = results.read_csv(str(path))
+  assert len(frame) == 3 and list(frame["run_id"]) == ["run0", "run1", "run7"]
+  assert list(frame["system"].fillna("")) == ["", "", "new-box"]
+  assert list(frame["mlperf_benchmark"].fillna("")) == ["", "", "resnet"]
+  assert list(frame["log_path"]) == ["logs/x.log, with comma"] * 3
+  results.check_writable(str(path))                                  # now current: no change
+  assert capsys.readouterr().out == ""
+
+
+def test_an_older_csv_reads_without_upgrade(tmp_path):
+  path = tmp_path / "old.csv"
+  path.write_text("workload,framework,preset,status,time_to_train_s,host,started_at\n"
+                  "resnet50,jax,mini,success,60,boxA,2025-01-01\n")
+  frame = results.read_csv(str(path))
+  assert frame.loc[0, "system"] == "boxA" and frame.loc[0, "mlperf_benchmark"] == "resnet"
+  assert set(results.COLUMNS) <= set(frame.columns)
+
+
+def test_a_row_that_cannot_be_appended_goes_to_a_recovery_file(tmp_path):
+  log = tmp_path / "logs" / "resnet50_run.log"
+  log.parent.mkdir()
+  message = results.save_row("/proc/cannot/write.csv", make_row(3), str(log))
+  recovery = tmp_path / "logs" / "resnet50_run.result.csv"
+  assert message == (f"cannot append to /proc/cannot/write.csv (No such file or directory); "
+                     f"row saved to {recovery}")
+  assert list(results.read_csv(str(recovery))["run_id"]) == ["run3"]
+  message = results.save_row("/proc/cannot/write.csv", make_row(4), "/proc/nolog/x.log")
+  assert "the row: run4," in message and "\n" not in message
+  assert results.save_row(str(tmp_path / "ok.csv"), make_row(5), str(log)).startswith(
+      "row appended to")
 
 
 def test_read_csv_errors_name_the_file(tmp_path):

@@ -1,12 +1,16 @@
 import glob
 import os
+import shutil
 import subprocess
 import sys
 
 import pandas as pd
 import pytest
 
+from mlperf_logging import benchmark_meta
+
 from harness import results, summarize
+from harness.errors import UsageError
 from tests.conftest import SHARED_RESULTS
 from tests.harness.test_results import make_row
 
@@ -33,46 +37,95 @@ def test_summarize_our_csv_uses_rules_run_counts(tmp_path):
   assert "needs 5" in table.loc["tf", "note"]
 
 
-def _official_scores(org_dir, tmp_path):
-  """Runs the official summarizer and reads its CSV: {(system_folder, benchmark): minutes}."""
-  out = tmp_path / os.path.basename(org_dir)
-  subprocess.run([sys.executable, "-m", "mlperf_logging.result_summarizer", org_dir, "training",
-                  "0.7.0", "--csv", str(out) + ".csv"], capture_output=True, cwd=tmp_path,
-                 check=False, timeout=900)
-  frame = pd.read_csv(str(out) + ".csv")
+ALL_ROUNDS = os.path.dirname(SHARED_RESULTS)
+ROUNDS = sorted(os.path.basename(p) for p in glob.glob(os.path.join(ALL_ROUNDS, "training_v*")))
+
+
+@pytest.fixture(scope="session")
+def official_runs(tmp_path_factory):
+  """The official summarizer started once per round, all rounds at once, each on a copy (its
+  RCP check rewrites scaling.json in place); {round: (process, csv path)}."""
+  tmp = tmp_path_factory.mktemp("official")
+  runs = {}
+  for name in ROUNDS:
+    copy = tmp / name
+    shutil.copytree(os.path.join(ALL_ROUNDS, name), copy)
+    ruleset = summarize.ruleset_of(str(copy))
+    out = tmp / f"{name}.csv"
+    proc = subprocess.Popen([sys.executable, "-m", "mlperf_logging.result_summarizer",
+                             str(copy) + "/{*}", "training", ruleset, "--csv", str(out)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp)
+    runs[name] = (proc, out, ruleset)
+  yield runs
+  for proc, _, _ in runs.values():
+    proc.kill()
+
+
+def _official_scores(csv_path, ruleset):
+  """{(system folder, benchmark): minutes or None} from the official summarizer's CSV."""
+  frame = pd.read_csv(csv_path)
+  benchmarks = [b for b in benchmark_meta.get_allowed_benchmarks("training", ruleset)
+                if b in frame.columns]
   scores = {}
   for _, row in frame.iterrows():
     folder = row["details_url"].rsplit("/", 1)[-1].removesuffix(".json")
-    for bench in ("bert", "dlrm", "gnmt", "maskrcnn", "minigo", "resnet", "ssd", "transformer"):
-      if bench in frame.columns and pd.notna(row[bench]):
-        scores[(folder, bench)] = float(row[bench])
+    for bench in benchmarks:
+      scores[(folder, bench)] = None if pd.isna(row[bench]) else float(row[bench])
   return scores
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not os.path.isdir(SHARED_RESULTS), reason="../shared/mlperf_results missing")
-def test_summary_of_mlperf_v07_logs_equals_the_official_summarizer(tmp_path):
-  orgs = sorted(glob.glob(os.path.join(SHARED_RESULTS, "*")))
-  for org in orgs:
-    official = _official_scores(org, tmp_path)
-    ours = summarize.summarize([org])
-    mine = {(r.system, r.benchmark): r.score_min for r in ours.itertuples() if pd.notna(r.score_min)}
-    assert official, f"the official summarizer scored nothing for {org}"
-    assert set(mine) == set(official), org
-    for key, value in official.items():
-      assert mine[key] == pytest.approx(value, abs=1e-6), key
+@pytest.mark.skipif(not ROUNDS, reason="../shared/mlperf_results missing")
+@pytest.mark.parametrize("round_name", ROUNDS)
+def test_summary_equals_the_official_summarizer(round_name, official_runs):
+  """Every (system, benchmark) with result logs: the same score to 1e-6 minutes, or no score
+  on both sides (compliance failures, too many dropped runs), ruleset from the folder name."""
+  ours = summarize.summarize([os.path.join(ALL_ROUNDS, round_name)])
+  proc, out, ruleset = official_runs[round_name]
+  assert proc.wait(timeout=900) == 0
+  official = _official_scores(out, ruleset)
+  assert len(ours) > 0
+  for row in ours.itertuples():
+    theirs = official[(row.system, row.benchmark)]     # the official table has every one
+    if theirs is None:
+      assert pd.isna(row.score_min), (row.system, row.benchmark, row.note)
+    else:
+      assert row.score_min == pytest.approx(theirs, abs=1e-6), (row.system, row.benchmark)
+  scored = {key for key, value in official.items() if value is not None}
+  assert scored <= {(r.system, r.benchmark) for r in ours.itertuples()}
+
+
+@pytest.mark.skipif(not ROUNDS, reason="../shared/mlperf_results missing")
+def test_round_rules_scaling_and_drop_counts():
+  """What the rounds beyond v0.7 need: a failed compliance check drops the run (v2.1 Habana
+  BERT logs opt_epsilon), scaling.json multiplies the score, unet3d drops 4 and 4."""
+  habana = summarize.summarize([os.path.join(ALL_ROUNDS, "training_v2.1", "Intel-HabanaLabs")])
+  bert = habana.set_index(["system", "benchmark"]).loc[("HLS-Gaudi2-TF", "bert")]
+  assert pd.isna(bert["score_min"]) and "compliance check failed" in bert["note"]
+  assert summarize.olympic_minutes(list(range(40)), 0, drop=4)[0] == sum(range(4, 36)) / 32
+  assert summarize.olympic_minutes(list(range(38)), 2, drop=4)[0] == sum(range(4, 36)) / 32
+  assert summarize.olympic_minutes(list(range(35)), 5, drop=4)[0] is None
+
+
+def test_ruleset_from_folder_or_flag(tmp_path):
+  assert summarize.ruleset_of("/x/training_v2.1/Dell") == "2.1.0"
+  assert summarize.ruleset_of("/x/training_v2.1/Dell", "3.1.0") == "3.1.0"
+  with pytest.raises(UsageError, match="pass --ruleset"):
+    summarize.ruleset_of(str(tmp_path))
+  with pytest.raises(UsageError, match="allowed: .*4.0.0"):
+    summarize.ruleset_of(str(tmp_path), "9.9")
 
 
 @pytest.mark.skipif(not os.path.isdir(SHARED_RESULTS), reason="../shared/mlperf_results missing")
 def test_summarize_accepts_results_folder_and_single_system_folder():
-  google = os.path.join(SHARED_RESULTS, "Google")
-  whole = summarize.summarize([google]).set_index(["system", "benchmark"])
-  from_results = summarize.summarize([os.path.join(google, "results")])
-  assert len(from_results) == len(whole)
-  one = summarize.summarize([os.path.join(google, "results", "tpu-v3-1024-TF")])
+  inspur = os.path.join(SHARED_RESULTS, "Inspur")
+  whole = summarize.summarize([inspur])
+  from_results = summarize.summarize([os.path.join(inspur, "results")])
+  pd.testing.assert_frame_equal(whole, from_results)
+  one = summarize.summarize([os.path.join(SHARED_RESULTS, "Google", "results", "tpu-v3-1024-TF")])
   row = one.set_index("benchmark").loc["maskrcnn"]
   assert row["converged"] == 4 and row["runs"] == 5        # one aborted run: counted as slowest
-  assert row["score_min"] == whole.loc[("tpu-v3-1024-TF", "maskrcnn"), "score_min"]
+  assert row["score_min"] > 0 and "1 dropped: compliance check failed" in row["note"]
 
 
 def test_committed_baseline_scores_and_gates_itself():

@@ -6,7 +6,9 @@ LAMB on the Wikipedia TFRecords until masked-LM accuracy on the 10,000-example e
 reaches 0.720. BERT's eval cadence is in training samples, not epochs (rules/bert.yaml).
 """
 import dataclasses
+import glob
 import math
+import os
 
 from harness import rules
 from harness.config import TrainConfig, in_range, key_of, one_of, positive
@@ -220,6 +222,19 @@ def mllog_hyperparameters(cfg: BertConfig, train_examples: int) -> dict:
           "eval_interval_samples": cfg.train.eval_every_samples}
 
 
+def missing_data(cfg, data_dir) -> list[str]:
+  """What a reference run reads: train shards, the eval file and the initial checkpoint (a TF1
+  checkpoint is <prefix>.index plus <prefix>.data-*)."""
+  if cfg.data.source != "tfrecord":
+    return []
+  missing = [p for p in (cfg.data.train_pattern, cfg.data.eval_pattern)
+             if not glob.glob(os.path.join(data_dir, p))]
+  ckpt = cfg.data.init_checkpoint
+  if ckpt and not glob.glob(os.path.join(data_dir, ckpt) + ".index"):
+    missing.append(ckpt)
+  return missing
+
+
 SPEC = WorkloadSpec(
     name="bert",
     mlperf_benchmark="bert",
@@ -233,4 +248,5 @@ SPEC = WorkloadSpec(
     param_axes=PARAM_AXES,
     data_dir_contents=("a folder with the MLPerf BERT TFRecords (part-*, eval_10k) and "
                        "tf1_ckpt/model.ckpt-28252"),
+    missing_data=missing_data,
 )

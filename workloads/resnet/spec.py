@@ -1,5 +1,6 @@
 """ResNet-50 v1.5 on ImageNet (MLPerf `resnet`): configs and presets, framework-neutral."""
 import dataclasses
+import os
 
 from harness import cadence, rules
 from harness.config import TrainConfig, in_range, key_of, one_of, positive
@@ -143,6 +144,30 @@ def mllog_hyperparameters(cfg: ResNetConfig, train_examples: int) -> dict:
           "opt_momentum": opt.momentum}
 
 
+def check_spatial_partitions(stage_sizes, image_size, spatial):
+  """Every layer's rows must split evenly over the `spatial` slabs (the halo exchange assumes
+  equal slabs): the image size must be a multiple of the total downsampling x spatial."""
+  stride = 2 ** (len(stage_sizes) + 1)          # stem conv, max pool, one per later stage
+  if spatial > 1 and image_size % (stride * spatial):
+    raise ValueError(f"--spatial-partitions {spatial} with image size {image_size}: the TF "
+                     f"halo exchange splits every layer's rows evenly, so the size must be a "
+                     f"multiple of {stride * spatial}")
+
+
+def check_framework(cfg, framework):
+  """Layout limits of one framework's model, decidable from the config alone."""
+  if framework == "tf":
+    check_spatial_partitions(cfg.model.stage_sizes, cfg.data.image_size,
+                             cfg.parallel.axes()["spatial"])
+
+
+def missing_data(cfg, data_dir) -> list[str]:
+  """tensorflow-datasets keeps a prepared dataset in <data_dir>/<name>/<version>/."""
+  if cfg.data.source != "imagenet2012":
+    return []
+  return [] if os.path.isdir(os.path.join(data_dir, "imagenet2012")) else ["imagenet2012/"]
+
+
 SPEC = WorkloadSpec(
     name="resnet50",
     mlperf_benchmark="resnet",
@@ -159,4 +184,9 @@ SPEC = WorkloadSpec(
     mesh_axes=("data", "spatial"),
     split_dims=lambda cfg: {"height": cfg.data.image_size},
     param_axes=PARAM_AXES,
+    missing_data=missing_data,
+    check_framework=check_framework,
+    data_dir_contents=("a tensorflow-datasets data dir holding a prepared imagenet2012/ "
+                       "(tfds build imagenet2012 --data_dir DIR, ILSVRC2012 tars in "
+                       "DIR/downloads/manual)"),
 )

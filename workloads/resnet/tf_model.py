@@ -16,6 +16,7 @@ import keras
 from keras import layers
 
 from workloads.parallel import tf_layers
+from workloads.resnet.spec import check_spatial_partitions  # neutral: cli checks it too
 
 # Flax's variance_scaling(2.0, 'fan_out', 'normal') is a truncated normal: Keras' equivalent.
 # Built per layer, after keras.utils.set_random_seed: an initializer made without a seed draws
@@ -53,16 +54,6 @@ def block_names(stage_sizes):
       names.append((f"stage{stage}_block{block}", f"BottleneckBlock_{index}"))
       index += 1
   return names
-
-
-def check_spatial_partitions(stage_sizes, image_size, spatial):
-  """Every layer's rows must split evenly over the `spatial` slabs (the halo exchange assumes
-  equal slabs): the image size must be a multiple of the total downsampling x spatial."""
-  stride = 2 ** (len(stage_sizes) + 1)          # stem conv, max pool, one per later stage
-  if spatial > 1 and image_size % (stride * spatial):
-    raise ValueError(f"--spatial-partitions {spatial} with image size {image_size}: the TF "
-                     f"halo exchange splits every layer's rows evenly, so the size must be a "
-                     f"multiple of {stride * spatial}")
 
 
 def resnet(stage_sizes, num_classes, width=64, image_size=224, dtype="float32", runtime=None):

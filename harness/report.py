@@ -1,0 +1,215 @@
+"""`report`: result CSVs (and the MLPerf logs their rows point to) -> one self-contained HTML
+page: the summary table (summarize's olympic scores), eval metric against epochs or samples per
+run with the target, time-to-train per run with the olympic score, baseline vs new (compare's
+verdicts), and time-to-train and throughput across git_commit / date (CI history).
+
+Plots are matplotlib PNGs embedded as base64, so the page is one file a CI job can publish.
+"""
+import base64
+import html
+import io
+import json
+import os
+
+import matplotlib
+matplotlib.use("Agg")                    # no display; must precede pyplot
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from harness import compare, registry, results, summarize  # noqa: E402
+from harness.errors import UsageError  # noqa: E402
+
+GROUP = ["system", "mlperf_benchmark", "workload", "framework", "preset"]
+
+
+def _png(fig) -> str:
+  buffer = io.BytesIO()
+  fig.savefig(buffer, format="png", dpi=90, bbox_inches="tight")
+  plt.close(fig)
+  return base64.b64encode(buffer.getvalue()).decode()
+
+
+def _img(b64, alt):
+  return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{b64}">'
+
+
+def resolve_log(log_path, csv_path):
+  """A row's log_path is relative to where the run started: try there, then beside the CSV's
+  folder and its parent (a committed results/ folder)."""
+  if not isinstance(log_path, str) or not log_path:
+    return None
+  if os.path.isabs(log_path):
+    return log_path if os.path.isfile(log_path) else None
+  csv_dir = os.path.dirname(os.path.abspath(csv_path))
+  for base in (os.getcwd(), csv_dir, os.path.dirname(csv_dir)):
+    if os.path.isfile(os.path.join(base, log_path)):
+      return os.path.join(base, log_path)
+  return None
+
+
+def eval_curve(log_path):
+  """[(epoch_num, eval_accuracy as logged)] from an MLPerf log."""
+  points = []
+  with open(log_path, encoding="latin-1") as f:
+    for line in f:
+      if line.startswith(":::MLLOG ") and '"eval_accuracy"' in line:
+        event = json.loads(line[len(":::MLLOG "):])
+        points.append((event["metadata"].get("epoch_num"), float(event["value"])))
+  return points
+
+
+def _label(key):
+  return " ".join(str(k) for k in key)
+
+
+def _curves_plot(frame, csv_of):
+  fig, ax = plt.subplots(figsize=(7, 3.8))
+  drawn = 0
+  for key, group in frame.groupby(GROUP, sort=True):
+    metric = registry.get(key[2]).metric
+    color = f"C{drawn % 10}"
+    for i, (_, row) in enumerate(group.iterrows()):
+      log = resolve_log(row["log_path"], csv_of[row["run_id"]])
+      points = eval_curve(log) if log else []
+      if points:
+        xs, ys = zip(*points)
+        ax.plot(xs, [y / metric.log_scale for y in ys], marker="o", color=color, alpha=0.7,
+                label=_label(key[2:]) if i == 0 else None)
+    if pd.notna(group["target"]).any():
+      ax.axhline(group["target"].dropna().iloc[0], color=color, linestyle="--",
+                 label=f"target {group['target'].dropna().iloc[0]:g}")
+    drawn += 1
+  ax.set_xlabel("epoch_num (epochs, or samples for BERT) at eval")
+  ax.set_ylabel("eval metric (its own units)")
+  ax.set_title("Eval metric per run")
+  ax.grid(alpha=0.3)
+  ax.legend(fontsize=7)
+  return _png(fig)
+
+
+def _ttt_plot(frame, scores):
+  fig, ax = plt.subplots(figsize=(7, 3.5))
+  keys = sorted(frame.groupby(GROUP).groups)
+  for x, key in enumerate(keys):
+    group = frame[(frame[GROUP] == pd.Series(key, index=GROUP)).all(axis=1)]
+    ok = group[group["status"] == "success"]["time_to_train_s"] / 60
+    ax.scatter([x] * len(ok), ok, color="C0", zorder=3,
+               label="successful run" if x == 0 else None)
+    failed = (group["status"] != "success").sum()
+    if failed:
+      ax.annotate(f"{failed} aborted", (x, ok.max() if len(ok) else 0), fontsize=7)
+    score = scores.get((key[0], key[1], key[3], key[4]))
+    if score is not None and pd.notna(score):
+      ax.hlines(score, x - 0.3, x + 0.3, color="C3", linewidth=2,
+                label="olympic score" if x == 0 else None)
+  ax.set_xticks(range(len(keys)), [_label(k[2:]) for k in keys], fontsize=8)
+  ax.set_ylabel("time to train (minutes)")
+  ax.set_title("Time to train per run, with the olympic score")
+  ax.grid(alpha=0.3)
+  ax.legend(fontsize=7)
+  return _png(fig)
+
+
+def _history_plot(frame):
+  fig, axes = plt.subplots(2, 1, figsize=(7, 5), sharex=True)
+  frame = frame.assign(when=pd.to_datetime(frame["started_at"], utc=True, errors="coerce"))
+  for i, (key, group) in enumerate(frame.groupby(["workload", "framework", "preset"])):
+    group = group.sort_values("when")
+    ok = group[group["status"] == "success"]
+    axes[0].plot(ok["when"], ok["time_to_train_s"], marker="o", color=f"C{i}",
+                 label=_label(key))
+    axes[1].plot(group["when"], group["throughput"], marker="o", color=f"C{i}")
+    for _, row in group.drop_duplicates("git_commit").iterrows():
+      axes[1].annotate(str(row["git_commit"])[:7], (row["when"], row["throughput"]),
+                       fontsize=6, rotation=30)
+  axes[0].set_ylabel("time to train (s)")
+  axes[1].set_ylabel("throughput (samples/s)")
+  axes[0].set_title("History across git_commit / date")
+  axes[0].legend(fontsize=7)
+  for ax in axes:
+    ax.grid(alpha=0.3)
+  fig.autofmt_xdate()
+  return _png(fig)
+
+
+def _compare_plot(table):
+  fig, ax = plt.subplots(figsize=(7, 3.2))
+  labels = [_label(k) for k in table[compare.KEYS].itertuples(index=False)]
+  xs = range(len(table))
+  ax.bar([x - 0.2 for x in xs], table["ttt_ratio"].fillna(0), width=0.4,
+         label="time to train new/base")
+  ax.bar([x + 0.2 for x in xs], table["throughput_ratio"].fillna(0), width=0.4,
+         label="throughput new/base")
+  ax.axhline(1.0, color="black", linewidth=0.8)
+  ax.set_xticks(list(xs), labels, fontsize=8)
+  ax.set_title("Baseline vs new (ratios)")
+  ax.legend(fontsize=7)
+  return _png(fig)
+
+
+def _table(frame, value_columns=()):
+  """An HTML table; numeric cells in value_columns carry their exact value in data-value."""
+  head = "".join(f"<th>{html.escape(str(c))}</th>" for c in frame.columns)
+  rows = []
+  for _, row in frame.iterrows():
+    cells = []
+    for column in frame.columns:
+      value = row[column]
+      if column in value_columns and isinstance(value, float) and pd.notna(value):
+        cells.append(f'<td class="{column}" data-value="{value!r}">{value:.4f}</td>')
+      else:
+        cells.append(f"<td>{'' if pd.isna(value) else html.escape(str(value))}</td>")
+    rows.append("<tr>" + "".join(cells) + "</tr>")
+  return f"<table><tr>{head}</tr>{''.join(rows)}</table>"
+
+
+def render(csv_paths: list[str], baseline: str | None = None, threshold: float = 0.05) -> str:
+  """The page's HTML."""
+  frames = []
+  for path in csv_paths:
+    frame = results.read_csv(path)
+    frames.append(frame.assign(_csv=path))
+  frame = pd.concat(frames, ignore_index=True)
+  timed = frame[frame["preset"] != "synthetic"]
+  csv_of = dict(zip(frame["run_id"], frame["_csv"]))
+  summary = summarize.summarize(csv_paths)
+  scores = {(r.system, r.benchmark, r.framework, r.preset): r.score_min
+            for r in summary.itertuples()}
+  parts = ["<h2>Summary (MLPerf olympic scores, minutes)</h2>",
+           _table(summary, value_columns=("score_min",))]
+  if len(timed):
+    parts += ["<h2>Eval metric per run</h2>", _img(_curves_plot(timed, csv_of), "eval curves"),
+              "<h2>Time to train</h2>", _img(_ttt_plot(timed, scores), "time to train")]
+  parts += ["<h2>History</h2>", _img(_history_plot(frame), "history")]
+  if baseline:
+    table = compare.compare(baseline, csv_paths[-1], threshold)
+    verdict = "REGRESSION" if compare.is_regression(table) else "no regression"
+    parts += [f"<h2>Baseline vs new: {verdict}</h2>",
+              f"<p>baseline {html.escape(baseline)}, new {html.escape(csv_paths[-1])}, "
+              f"threshold {threshold:.0%}</p>",
+              _table(table, value_columns=("ttt_ratio", "throughput_ratio")),
+              _img(_compare_plot(table), "baseline vs new")]
+  runs = frame[["run_id", "started_at", "framework", "preset", "status", "time_to_train_s",
+                "throughput", "git_commit"]]
+  parts += ["<h2>Runs</h2>", _table(runs)]
+  style = ("body{font-family:sans-serif;max-width:1000px;margin:auto}table{border-collapse:"
+           "collapse;font-size:12px}td,th{border:1px solid #ccc;padding:2px 6px}")
+  sources = ", ".join(html.escape(p) for p in csv_paths)
+  return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>Benchmark report</title>"
+          f"<style>{style}</style></head><body><h1>Benchmark report</h1><p>From {sources}</p>"
+          + "\n".join(parts) + "</body></html>")
+
+
+def write(csv_paths, out_dir, baseline=None, threshold=0.05) -> str:
+  for path in csv_paths + ([baseline] if baseline else []):
+    if not os.path.isfile(path):
+      raise UsageError(f"{path!r}: no such result CSV")
+  page = render(csv_paths, baseline, threshold)      # all reading done before anything is written
+  try:
+    os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, "index.html")
+    with open(path, "w") as f:
+      f.write(page)
+  except OSError as e:
+    raise UsageError(f"--out {out_dir!r} cannot be written ({e.strerror})") from None
+  return path

@@ -1,0 +1,73 @@
+"""Progress lines inside long eval blocks, and --tensorboard event files (written without
+TensorFlow; read back here with TensorFlow's own TFRecord reader and Event proto)."""
+import os
+import struct
+
+import pytest
+
+from harness import cli, tensorboard
+from tests.harness.test_driver import ScriptedTrainer, _run
+from workloads.resnet import spec
+
+
+def _events(path):
+  import tensorflow as tf
+  from tensorflow.core.util import event_pb2
+  return [event_pb2.Event.FromString(raw.numpy()) for raw in tf.data.TFRecordDataset(path)]
+
+
+def test_crc32c_known_values():
+  assert tensorboard.crc32c(b"123456789") == 0xE3069283          # the standard check value
+  assert tensorboard.crc32c(b"") == 0
+
+
+def test_a_multi_epoch_block_prints_a_line_per_epoch(tmp_path, capsys):
+  cfg = spec.mini()
+  cfg.train.eval_every_epochs = 3                 # blocks of 3 epochs, 10 steps each
+  _run(tmp_path, ScriptedTrainer([0.5, 0.95]), cfg)
+  lines = [l for l in capsys.readouterr().out.splitlines() if "  step " in l]
+  assert [l.split("  step ")[1].split(" (")[0] for l in lines] == ["10", "20", "40", "50"]
+  assert "(epoch 1.00, block 10/30)" in lines[0] and "samples/s | loss 1.0000 | lr 0.1" in lines[0]
+
+
+def test_tensorboard_scalars_per_chunk_and_block(tmp_path):
+  cfg = spec.mini()
+  cfg.train.eval_every_epochs = 2
+  trainer = ScriptedTrainer([0.5, 0.95], losses=[3.0, 2.0, 1.5, 1.0])
+  from harness import driver
+  cfg.train.global_batch_size = 64
+  opts = driver.RunOptions(framework="jax", preset="mini", seed=1, tensorboard=str(tmp_path / "tb"),
+                           results_path=str(tmp_path / "r.csv"), log_dir=str(tmp_path / "logs"))
+  row = driver.run_all(spec.SPEC, cfg, opts, lambda seed: trainer)[0]
+  files = os.listdir(tmp_path / "tb" / row.run_id)
+  assert len(files) == 1 and files[0].startswith("events.out.tfevents.")
+  events = _events(str(tmp_path / "tb" / row.run_id / files[0]))
+  assert events[0].file_version == "brain.Event:2"
+  scalars = {(e.step, v.tag): v.simple_value for e in events[1:] for v in e.summary.value}
+  assert scalars[(10, "train/loss")] == 3.0 and scalars[(30, "train/loss")] == 1.5
+  assert scalars[(20, "train/loss")] == 2.0 and scalars[(40, "train/loss")] == 1.0
+  assert scalars[(20, "eval/top1_accuracy")] == 0.5
+  assert scalars[(40, "eval/top1_accuracy")] == 0.949999988079071      # float32
+  assert scalars[(40, "train/lr")] == pytest.approx(0.1)
+  assert scalars[(40, "train/samples_per_s")] == pytest.approx(row.throughput, rel=1e-6)
+
+
+def test_a_corrupted_record_is_refused_by_the_reader(tmp_path):
+  """The checksums are real: TensorFlow's reader rejects a flipped byte."""
+  writer = tensorboard.ScalarWriter(str(tmp_path))
+  writer.scalars(1, {"loss": 1.0})
+  writer.close()
+  data = bytearray(open(writer.path, "rb").read())
+  assert len(_events(writer.path)) == 2
+  first = struct.unpack("<Q", data[:8])[0]
+  data[12 + first + 4 + 8 + 12 + 3] ^= 0xFF       # a byte inside the second record's data
+  open(writer.path, "wb").write(bytes(data))
+  with pytest.raises(Exception, match="(?i)corrupt|data ?loss|checksum|crc"):
+    _events(writer.path)
+
+
+def test_tensorboard_path_that_is_a_file(tmp_path, capsys):
+  (tmp_path / "f").write_text("")
+  assert cli.main(["run", "resnet50", "--tensorboard", str(tmp_path / "f"),
+                   "--results", str(tmp_path / "r.csv")]) == 2
+  assert "is a file" in capsys.readouterr().err and not (tmp_path / "r.csv").exists()
