@@ -24,10 +24,6 @@ def simulate(machine: Machine, collective: str, algorithm: str, nbytes: float,
   return row
 
 
-def compare(machine, collective, algorithms_, nbytes) -> list[dict]:
-  return [simulate(machine, collective, a, nbytes) for a in algorithms_]
-
-
 def scaling_shape(kind: str, chips: int, gpus_per_node: int = 8) -> str:
   """The topology of `chips` chips of a kind: the squarest X x Y with X >= Y for 2-D."""
   if kind == "ring":
