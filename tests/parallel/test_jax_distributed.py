@@ -10,7 +10,7 @@ import pytest
 
 from harness import config
 from harness.workload import RunContext
-from tests.conftest import assert_same_saved_run, free_port, start_worker
+from tests.conftest import run_workers, start_dying_run
 from workloads.parallel import jax_runtime
 from workloads.resnet import input_pipeline, jax_trainer, spec
 
@@ -181,29 +181,17 @@ def test_impossible_meshes_are_refused(parallel, message):
     spec.SPEC.make_trainer("jax", cfg, RunContext(seed=0, preset="mini"))
 
 
-def _worker(*args):
-  return start_worker("jax_multihost_worker.py", *args)
-
-
 @pytest.mark.slow
 def test_two_processes_equal_one_process(tmp_path):
-  port = free_port()
-  procs = [_worker(tmp_path / "multi.npz", 2, i, port, 2) for i in range(2)]
-  outputs = [p.communicate(timeout=300)[0] for p in procs]
-  assert [p.returncode for p in procs] == [0, 0], "\n".join(o[-3000:] for o in outputs)
-  single = _worker(tmp_path / "single.npz", 1, 0, free_port(), 4)
-  out = single.communicate(timeout=300)[0]
-  assert single.returncode == 0, out[-3000:]
-  assert_same_saved_run(tmp_path / "multi.npz", tmp_path / "single.npz", count=40)
+  """2 processes x 2 devices against 1 process x 4 devices, run side by side."""
+  multi = run_workers("jax_multihost_worker.py", tmp_path, 2, 2, 4, timeout=300)
   # host-side eval: each process gathered all 48 padded rows of the 3 global batches
-  assert int(np.load(tmp_path / "multi.npz")["rows_seen"]) == 48
+  assert int(multi["rows_seen"]) == 48
 
 
 @pytest.mark.slow
 def test_a_dead_process_ends_the_others_with_an_error(tmp_path):
-  port = free_port()
-  survivor = _worker(tmp_path / "x.npz", 2, 0, port, 1)
-  dying = _worker(tmp_path / "x.npz", 2, 1, port, 1, "--die")
+  (survivor,), dying = start_dying_run("jax_multihost_worker.py", tmp_path / "x.npz", 2, 1)
   start = time.time()
   dying.communicate(timeout=300)
   out = survivor.communicate(timeout=180)[0]

@@ -9,7 +9,7 @@ import tensorflow as tf
 
 from harness import config
 from harness.workload import RunContext
-from tests.conftest import assert_same_saved_run, free_port, start_worker
+from tests.conftest import run_workers, start_dying_run
 from workloads.resnet import input_pipeline, spec
 
 
@@ -141,30 +141,18 @@ def test_impossible_meshes_are_refused(parallel, message):
                            RunContext(seed=0, preset="mini"))
 
 
-def _worker(*args):
-  return start_worker("tf_multiworker_worker.py", *args)
-
-
 @pytest.mark.slow
 def test_two_workers_equal_one_process_with_two_replicas(tmp_path):
-  port = free_port(2)
-  procs = [_worker(tmp_path / "multi.npz", 2, i, port, 1) for i in range(2)]
-  outputs = [p.communicate(timeout=400)[0] for p in procs]
-  assert [p.returncode for p in procs] == [0, 0], "\n".join(o[-3000:] for o in outputs)
-  single = _worker(tmp_path / "single.npz", 1, 0, free_port(), 2)
-  out = single.communicate(timeout=400)[0]
-  assert single.returncode == 0, out[-3000:]
-  assert_same_saved_run(tmp_path / "multi.npz", tmp_path / "single.npz", count=40)
+  """2 workers x 1 replica against 1 process x 2 replicas, run side by side."""
+  multi = run_workers("tf_multiworker_worker.py", tmp_path, 2, 1, 2, timeout=400)
   # host-side eval: each worker gathered all 48 padded rows of the 3 global batches
-  assert int(np.load(tmp_path / "multi.npz")["rows_seen"]) == 48
+  assert int(multi["rows_seen"]) == 48
 
 
 @pytest.mark.slow
 def test_a_dead_worker_ends_the_other_with_an_error(tmp_path):
-  port = free_port(2)
   start = time.time()
-  survivor = _worker(tmp_path / "x.npz", 2, 0, port, 1)
-  dying = _worker(tmp_path / "x.npz", 2, 1, port, 1, "--die")
+  (survivor,), dying = start_dying_run("tf_multiworker_worker.py", tmp_path / "x.npz", 2, 1)
   dying.communicate(timeout=400)
   out = survivor.communicate(timeout=300)[0]
   assert dying.returncode == 3
