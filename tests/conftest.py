@@ -74,6 +74,31 @@ def start_worker(script, out, processes, pid, port, devices, *extra):
                           env=clean_env())
 
 
+def run_workers(script, tmp_path, processes, devices, single_devices, timeout, count=40):
+  """A multi-process run (PROCESSES processes of DEVICES devices each) and a one-process run
+  over SINGLE_DEVICES devices of tests/SCRIPT, started together: both end with exit status 0 and
+  save the same run (assert_same_saved_run). Returns the multi-process run's saved .npz."""
+  import numpy as np
+  port = free_port(processes)
+  procs = [start_worker(script, tmp_path / "multi.npz", processes, i, port, devices)
+           for i in range(processes)]
+  procs.append(start_worker(script, tmp_path / "single.npz", 1, 0, free_port(), single_devices))
+  outputs = [p.communicate(timeout=timeout)[0] for p in procs]
+  assert [p.returncode for p in procs] == [0] * (processes + 1), "\n".join(
+      o[-3000:] for o in outputs)
+  assert_same_saved_run(tmp_path / "multi.npz", tmp_path / "single.npz", count=count)
+  return np.load(tmp_path / "multi.npz")
+
+
+def start_dying_run(script, out, processes, devices):
+  """A multi-process run of tests/SCRIPT whose last process exits (status 3) after start-up:
+  returns (the surviving processes, the dying one)."""
+  port = free_port(processes)
+  survivors = [start_worker(script, out, processes, i, port, devices)
+               for i in range(processes - 1)]
+  return survivors, start_worker(script, out, processes, processes - 1, port, devices, "--die")
+
+
 def assert_same_saved_run(multi_path, one_path, count):
   """The .npz a multi-process run saved equals the single-process one: count, accuracy, arrays."""
   import numpy as np

@@ -10,7 +10,7 @@ import pytest
 
 from harness import config
 from harness.workload import RunContext
-from tests.conftest import assert_same_saved_run, free_port, start_worker
+from tests.conftest import run_workers, start_dying_run
 from workloads.parallel import jax_runtime
 from workloads.resnet import input_pipeline, jax_trainer, spec
 
@@ -45,9 +45,35 @@ def assert_trees_close(a, b, rtol=1e-5, atol=1e-6):
     np.testing.assert_allclose(x, y, rtol=rtol, atol=atol, err_msg=jax.tree_util.keystr(path))
 
 
+def initialized(width, **parallel):
+  """A trainer whose state init has laid out on the mesh, its steps not compiled: enough for
+  the optimizer state's bytes per device (the compiled step keeps the same shardings)."""
+  cfg = tiny_config(**parallel)
+  cfg.model.width = width
+  trainer = spec.SPEC.make_trainer("jax", cfg, RunContext(seed=0, preset="mini"))
+  trainer.compile_steps = lambda *args: None
+  trainer.init()
+  return trainer
+
+
+def evaluated_then_trained(**parallel):
+  """A trainer evaluated at its initial state (kept on the host as .initial_state, the eval as
+  .initial_eval), then trained 3 steps: one compile serves the eval and the training tests."""
+  trainer = trained(steps=0, **parallel)
+  trainer.initial_state = jax.device_get(trainer.state)     # the steps donate the state
+  trainer.initial_eval = trainer.evaluate()
+  trainer.train(3)
+  return trainer
+
+
 @pytest.fixture(scope="module")
-def single_device():
-  return params_of(trained(mesh="data=1"))
+def single_trainer():
+  return evaluated_then_trained(mesh="data=1")
+
+
+@pytest.fixture(scope="module")
+def single_device(single_trainer):
+  return params_of(single_trainer)
 
 
 def test_eight_simulated_devices():
@@ -56,7 +82,7 @@ def test_eight_simulated_devices():
 
 @pytest.fixture(scope="module")
 def data_parallel():
-  return trained(mesh="data=8")
+  return evaluated_then_trained(mesh="data=8")
 
 
 def test_data_parallel_global_bn_equals_one_device(data_parallel, single_device):
@@ -68,8 +94,8 @@ def test_weight_update_sharding_equals_unsharded_and_cuts_state_8x(single_device
   sharded = trained(mesh="data=8", weight_update_sharding=True)
   assert_trees_close(params_of(sharded), single_device)
   # bytes at the mini preset's width (8): its channel counts divide over 8 replicas
-  wide = trained(steps=0, width=8, mesh="data=8", weight_update_sharding=True)
-  plain = trained(steps=0, width=8, mesh="data=8")
+  wide = initialized(width=8, mesh="data=8", weight_update_sharding=True)
+  plain = initialized(width=8, mesh="data=8")
   ratio = (jax_runtime.per_device_bytes(wide.state.opt_state)
            / jax_runtime.per_device_bytes(plain.state.opt_state))
   assert abs(ratio - 1 / 8) < 0.05 / 8, ratio
@@ -105,12 +131,12 @@ def test_lamb_trust_ratio_is_over_whole_layers_under_weight_update_sharding():
   assert runtime.update_sharding((64, 24)).spec[0] == jax_runtime.DATA
 
 
-def test_grouped_bn_equals_a_hand_computed_reference():
+def test_grouped_bn_equals_a_hand_computed_reference(single_trainer):
   """Groups of 2 replicas x 2 examples: batch norm over each group of 4 examples, gradients
-  averaged over the 4 groups, LARS steps: computed here on one device, group by group."""
+  averaged over the 4 groups, LARS steps: computed here on one device, group by group, from
+  the one-device trainer's initial state."""
   grouped = trained(steps=0, mesh="data=8", bn_group_size=2)
-  reference = trained(steps=0, mesh="data=1")
-  state, cfg = reference.state, reference.cfg
+  state, cfg = single_trainer.initial_state, single_trainer.cfg
   batches = input_pipeline.train_dataset(cfg, 16, seed=0).as_numpy_iterator()
   group_step = jax.jit(lambda params, stats, chunk: jax_trainer.loss_and_grads(
       state.apply_fn, params, stats, chunk, cfg.model.num_classes, cfg.optimizer.label_smoothing))
@@ -124,7 +150,7 @@ def test_grouped_bn_equals_a_hand_computed_reference():
   grouped.train(3)
   assert_trees_close(params_of(grouped), jax.device_get(state.params))
   assert_trees_close(jax.device_get(grouped.state.batch_stats), jax.device_get(state.batch_stats))
-  moved = params_of(reference)["classifier"]["kernel"]
+  moved = single_trainer.initial_state.params["classifier"]["kernel"]
   assert not np.allclose(jax.device_get(state.params)["classifier"]["kernel"], moved)
   hlo = grouped._train_step.as_text()
   assert "replica_groups={{0,1},{2,3},{4,5},{6,7}}" in hlo.replace(" ", "")
@@ -137,21 +163,20 @@ def test_grouped_bn_differs_from_global_bn(data_parallel):
                          rtol=1e-4, atol=1e-6)
 
 
-def test_spatial_partitioning_equals_unsharded_with_halo_exchange():
+def test_spatial_partitioning_equals_unsharded_with_halo_exchange(single_device):
   spatial = trained(mesh="data=4,spatial=2")
   assert spatial.num_devices == 8
-  assert_trees_close(params_of(spatial), params_of(trained(mesh="data=4")), rtol=2e-5)
+  assert_trees_close(params_of(spatial), single_device, rtol=2e-5)   # as TF's spatial test
   counts = jax_runtime.count_collectives(spatial._train_step.as_text())
   assert counts.get("collective-permute", 0) > 0, counts
   image = spatial.runtime.sharding(("batch", "height", "width", "channels"))
   assert image.spec == jax.sharding.PartitionSpec(jax_runtime.DATA, "spatial", None, None)
 
 
-def test_distributed_eval_counts_every_example_once():
-  trainer = trained(steps=0, mesh="data=8")
-  result = trainer.evaluate()
+def test_distributed_eval_counts_every_example_once(data_parallel, single_trainer):
+  result = data_parallel.initial_eval                # both at the initial weights (seed 0)
   assert result["count"] == 40                     # 40 examples in padded batches of 16
-  single = trained(steps=0, mesh="data=1").evaluate()
+  single = single_trainer.initial_eval
   assert result["top1_accuracy"] == pytest.approx(single["top1_accuracy"])
 
 
@@ -181,29 +206,17 @@ def test_impossible_meshes_are_refused(parallel, message):
     spec.SPEC.make_trainer("jax", cfg, RunContext(seed=0, preset="mini"))
 
 
-def _worker(*args):
-  return start_worker("jax_multihost_worker.py", *args)
-
-
 @pytest.mark.slow
 def test_two_processes_equal_one_process(tmp_path):
-  port = free_port()
-  procs = [_worker(tmp_path / "multi.npz", 2, i, port, 2) for i in range(2)]
-  outputs = [p.communicate(timeout=300)[0] for p in procs]
-  assert [p.returncode for p in procs] == [0, 0], "\n".join(o[-3000:] for o in outputs)
-  single = _worker(tmp_path / "single.npz", 1, 0, free_port(), 4)
-  out = single.communicate(timeout=300)[0]
-  assert single.returncode == 0, out[-3000:]
-  assert_same_saved_run(tmp_path / "multi.npz", tmp_path / "single.npz", count=40)
+  """2 processes x 2 devices against 1 process x 4 devices, run side by side."""
+  multi = run_workers("jax_multihost_worker.py", tmp_path, 2, 2, 4, timeout=300)
   # host-side eval: each process gathered all 48 padded rows of the 3 global batches
-  assert int(np.load(tmp_path / "multi.npz")["rows_seen"]) == 48
+  assert int(multi["rows_seen"]) == 48
 
 
 @pytest.mark.slow
 def test_a_dead_process_ends_the_others_with_an_error(tmp_path):
-  port = free_port()
-  survivor = _worker(tmp_path / "x.npz", 2, 0, port, 1)
-  dying = _worker(tmp_path / "x.npz", 2, 1, port, 1, "--die")
+  (survivor,), dying = start_dying_run("jax_multihost_worker.py", tmp_path / "x.npz", 2, 1)
   start = time.time()
   dying.communicate(timeout=300)
   out = survivor.communicate(timeout=180)[0]

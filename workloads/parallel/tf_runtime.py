@@ -59,12 +59,22 @@ def tf_config(parallel):
 _MIRRORED = {}
 
 
+_KEYS_PER_STRATEGY = 1 << 16       # group keys apart between two strategies of one process
+
+
 def _mirrored_strategy(devices):
   """One MirroredStrategy per device set and process: two strategies over the same devices
   draw the same collective group and instance keys, and the collective executor then matches
-  one strategy's op with the other's ("shape mismatch in the collective instance")."""
+  one strategy's op with the other's ("shape mismatch in the collective instance").
+  Strategies over different device sets (8 replicas, then 4) get disjoint group keys: every
+  MirroredStrategy numbers its groups from 1 + `_collective_key_base` (0 unless set)."""
   if devices not in _MIRRORED:
-    _MIRRORED[devices] = tf.distribute.MirroredStrategy(list(devices))
+    cls = tf.distribute.MirroredStrategy
+    cls._collective_key_base = _KEYS_PER_STRATEGY * len(_MIRRORED)  # pylint: disable=protected-access
+    try:
+      _MIRRORED[devices] = cls(list(devices))
+    finally:
+      cls._collective_key_base = 0  # pylint: disable=protected-access
   return _MIRRORED[devices]
 
 
