@@ -9,6 +9,9 @@ import numpy as np
 import pytest
 
 from workloads.efficientnet import jax_model, spec, tf_model
+from workloads.optim import schedules
+from workloads.optim.configs import RmsPropConfig
+from harness.config import TrainConfig
 
 
 def _flax_count(model, size=32):
@@ -84,3 +87,16 @@ def test_stochastic_depth_drops_whole_examples_and_rescales():
   kept = np.array([np.allclose(o, 2 * b, rtol=1e-5, atol=1e-5) for o, b in zip(out, branch)])
   dropped = np.array([np.allclose(o, 0, atol=1e-6) for o in out])
   assert np.all(kept | dropped) and 10 < kept.sum() < 54
+
+
+def test_learning_rate_schedule_warms_up_then_decays_in_stairs():
+  """lr = base * step / warmup, then base * factor ** floor(step / decay_steps) from step 0."""
+  s = schedules.WarmupExponentialSchedule(base_lr=0.1, warmup_steps=2, decay_steps=3,
+                                          decay_factor=0.5)
+  np.testing.assert_allclose([s(n) for n in (0, 1, 2, 3, 5, 6)],
+                             [0, 0.05, 0.1, 0.05, 0.05, 0.025])
+  # the reference at batch 2048: 0.128, 5 warmup epochs, decay every 2.4 epochs
+  ref = schedules.warmup_exponential_for(RmsPropConfig(), TrainConfig(global_batch_size=2048),
+                                         spec.IMAGENET_TRAIN_EXAMPLES)
+  assert ref.base_lr == pytest.approx(0.128)
+  assert ref.warmup_steps == int(5 * 1281167 / 2048) and ref.decay_steps == int(2.4 * 1281167 / 2048)
