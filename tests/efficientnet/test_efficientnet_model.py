@@ -100,3 +100,19 @@ def test_learning_rate_schedule_warms_up_then_decays_in_stairs():
                                          spec.IMAGENET_TRAIN_EXAMPLES)
   assert ref.base_lr == pytest.approx(0.128)
   assert ref.warmup_steps == int(5 * 1281167 / 2048) and ref.decay_steps == int(2.4 * 1281167 / 2048)
+
+
+def test_variant_key_sets_coefficients_and_resolution():
+  cfg = spec.SPEC.configure("reference", ["model.variant=b3"])
+  assert (cfg.model.width_coefficient, cfg.model.depth_coefficient, cfg.model.dropout_rate,
+          cfg.data.image_size) == (1.2, 1.4, 0.3, 300)
+  ref = spec.SPEC.configure("reference")
+  assert (ref.model.variant, ref.data.image_size, ref.model.width_coefficient) == ("b0", 224, 1.0)
+  mini = spec.SPEC.configure("mini")
+  assert mini.model.width_coefficient == 0.25 and mini.data.image_size == 32
+
+
+def test_unknown_variant_is_a_one_line_usage_error(cli):
+  proc = cli("describe", "efficientnet", "--set", "model.variant=b9")
+  assert proc.returncode == 2 and "model.variant" in proc.stderr, proc.stderr
+  assert len(proc.stderr.strip().splitlines()) == 1

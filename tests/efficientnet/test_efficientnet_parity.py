@@ -19,7 +19,7 @@ from workloads.optim import jax_optimizers, schedules, tf_optimizers
 from workloads.optim.configs import RmsPropConfig
 
 # Width 0.25 / depth 0.25 (7 blocks: every kernel size, stride and expand ratio), 32x32.
-MODEL = spec.ModelConfig(variant="test", width_coefficient=0.25, depth_coefficient=0.25,
+MODEL = spec.ModelConfig(variant="custom", width_coefficient=0.25, depth_coefficient=0.25,
                          dropout_rate=0.0, drop_connect_rate=0.0, num_classes=5)
 SIZE, BATCH, TOL = 32, 6, 1e-9
 

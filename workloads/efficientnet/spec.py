@@ -79,7 +79,8 @@ def blocks(width_coefficient, depth_coefficient, drop_connect_rate):
 
 @dataclasses.dataclass
 class ModelConfig:
-  variant: str = "b0"                  # names the coefficients below in logs and describe
+  variant: str = "b0"                  # b0..b7 set the four fields below and the resolution
+                                       # (spec.derive); any other name keeps them as given
   width_coefficient: float = 1.0
   depth_coefficient: float = 1.0
   dropout_rate: float = 0.2            # before the classifier
@@ -87,6 +88,7 @@ class ModelConfig:
   num_classes: int = 1000
 
   def validate(self):
+    one_of(self, "variant", tuple(VARIANTS) + ("mini", "custom"))
     positive(self, "width_coefficient", "depth_coefficient", "num_classes")
     in_range(self, "dropout_rate", 0.0, 0.99)
     in_range(self, "drop_connect_rate", 0.0, 0.99)
@@ -96,6 +98,15 @@ def variant(name, num_classes=1000) -> tuple[ModelConfig, int]:
   """(model config, image size) of EfficientNet-B0..B7."""
   width, depth, size, dropout = VARIANTS[name]
   return ModelConfig(name, width, depth, dropout, 0.2, num_classes), size
+
+
+def derive(cfg):
+  """`--set model.variant=b3`: B3's width, depth, dropout and 300 px (after --set overrides)."""
+  if cfg.model.variant in VARIANTS:
+    width, depth, size, dropout = VARIANTS[cfg.model.variant]
+    m = cfg.model
+    m.width_coefficient, m.depth_coefficient, m.dropout_rate = width, depth, dropout
+    cfg.data.image_size = size
 
 
 @dataclasses.dataclass
@@ -222,6 +233,7 @@ SPEC = WorkloadSpec(
     trainer_modules={"jax": "workloads.efficientnet.jax_trainer",
                      "tf": "workloads.efficientnet.tf_trainer"},
     mllog_hyperparameters=mllog_hyperparameters,
+    derive=derive,
     bn_span=lambda cfg, data_replicas: (
         (cfg.parallel.bn_group_size or data_replicas)
         * cfg.train.global_batch_size // data_replicas),
