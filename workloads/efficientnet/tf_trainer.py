@@ -41,6 +41,12 @@ class EfficientNetTrainer(StrategyTrainer):
 
   def __init__(self, cfg, ctx):
     super().__init__(cfg, ctx)
+    if self.runtime.distributed:
+      # Not yet: a tiny run over 8 logical CPUs hung (the moving-average update of mirrored
+      # variables under strategy.run is the suspect); refuse rather than hang.
+      raise ValueError("efficientnet --framework tf runs on one replica for now (its moving "
+                       "average under tf.distribute is not done); use --framework jax for "
+                       "several devices")
     self.schedule = schedules.warmup_exponential_for(cfg.optimizer, cfg.train,
                                                      self.train_examples)
 
