@@ -7,6 +7,7 @@ from harness.workload import WorkloadSpec
 _SPEC_MODULES = {
     "resnet50": "workloads.resnet.spec",
     "bert": "workloads.bert.spec",
+    "efficientnet": "workloads.efficientnet.spec",
 }
 
 

@@ -10,6 +10,8 @@ batches add 'mask' (1.0 for real examples, 0.0 for padding) so every example cou
 `data_cfg` is any config with the fields the functions read (image_size, shuffle_buffer,
 train_examples/eval_examples, mini_*): ResNet's and EfficientNet's DataConfig.
 """
+import dataclasses
+
 import numpy as np
 import tensorflow as tf
 import tensorflow_datasets as tfds
@@ -22,13 +24,32 @@ STDDEV_RGB = (58.393, 57.12, 57.375)
 EVAL_RESIZE = 256                  # eval: shorter side to 256, then the central 224 (at 224)
 
 
-def normalize(image):
-  return (tf.cast(image, tf.float32) - MEAN_RGB) / STDDEV_RGB
+@dataclasses.dataclass(frozen=True)
+class Preprocessing:
+  """What differs between the classifiers' ImageNet preprocessing. MLPERF (ResNet): bilinear
+  resize, eval = shorter side to 256/224 x size then the central crop. EFFICIENTNET
+  (tensorflow/tpu preprocessing.py): bicubic resize, eval = the central 0.875 of the shorter
+  side cropped from the decoded image, then resized to the size; torchvision's ImageNet mean
+  and std x 255 (efficientnet_builder.py MEAN_RGB / STDDEV_RGB)."""
+  resize_method: str = "bilinear"
+  eval_crop_padding: int = 0           # 0: resize-then-crop (MLPerf); else crop-then-resize
+  mean_rgb: tuple = MEAN_RGB
+  stddev_rgb: tuple = STDDEV_RGB
+
+
+MLPERF = Preprocessing()
+EFFICIENTNET = Preprocessing(resize_method="bicubic", eval_crop_padding=32,
+                             mean_rgb=(0.485 * 255, 0.456 * 255, 0.406 * 255),
+                             stddev_rgb=(0.229 * 255, 0.224 * 255, 0.225 * 255))
+
+
+def normalize(image, prep=MLPERF):
+  return (tf.cast(image, tf.float32) - prep.mean_rgb) / prep.stddev_rgb
 
 
 # ----------------------------------------------------------------------------- ImageNet
 
-def _random_crop_and_resize(image_bytes, image_size):
+def _random_crop_and_resize(image_bytes, image_size, method="bilinear"):
   """Inception-style crop: area in [0.08, 1] and aspect ratio in [3/4, 4/3], then resize."""
   shape = tf.io.extract_jpeg_shape(image_bytes)
   begin, size, _ = tf.image.sample_distorted_bounding_box(
@@ -39,7 +60,20 @@ def _random_crop_and_resize(image_bytes, image_size):
   height, width, _ = tf.unstack(size)
   window = tf.stack([offset_y, offset_x, height, width])
   image = tf.io.decode_and_crop_jpeg(image_bytes, window, channels=3)
-  return tf.image.resize(image, [image_size, image_size], method="bilinear")
+  return tf.image.resize(image, [image_size, image_size], method=method)
+
+
+def _center_crop_then_resize(image_bytes, image_size, padding, method):
+  """The central square of size/(size + padding) of the shorter side, decoded alone, then
+  resized (tensorflow/tpu `_decode_and_center_crop`, CROP_PADDING = 32)."""
+  shape = tf.io.extract_jpeg_shape(image_bytes)
+  height, width = shape[0], shape[1]
+  crop = tf.cast(image_size / (image_size + padding) * tf.cast(tf.minimum(height, width), tf.float32), tf.int32)
+  window = tf.stack([(height - crop + 1) // 2, (width - crop + 1) // 2, crop, crop])
+  image = tf.io.decode_and_crop_jpeg(image_bytes, window, channels=3)
+  image = tf.image.resize(image, [image_size, image_size], method=method)
+  image.set_shape([image_size, image_size, 3])
+  return image
 
 
 def _center_crop(image_bytes, image_size):
@@ -57,14 +91,17 @@ def _center_crop(image_bytes, image_size):
   return image
 
 
-def preprocess_train(image_bytes, image_size):
-  image = _random_crop_and_resize(image_bytes, image_size)
+def preprocess_train(image_bytes, image_size, prep=MLPERF):
+  image = _random_crop_and_resize(image_bytes, image_size, prep.resize_method)
   image = tf.image.random_flip_left_right(image)
-  return normalize(image)
+  return normalize(image, prep)
 
 
-def preprocess_eval(image_bytes, image_size):
-  return normalize(_center_crop(image_bytes, image_size))
+def preprocess_eval(image_bytes, image_size, prep=MLPERF):
+  if prep.eval_crop_padding:
+    return normalize(_center_crop_then_resize(image_bytes, image_size, prep.eval_crop_padding,
+                                              prep.resize_method), prep)
+  return normalize(_center_crop(image_bytes, image_size), prep)
 
 
 def _imagenet_split(split, data_dir, process_index, process_count):
@@ -75,21 +112,23 @@ def _imagenet_split(split, data_dir, process_index, process_count):
                    download=False)
 
 
-def imagenet_train(data_cfg, global_batch_size, seed, data_dir, process_index=0, process_count=1):
+def imagenet_train(data_cfg, global_batch_size, seed, data_dir, process_index=0, process_count=1,
+                   prep=MLPERF):
   host_batch_size = global_batch_size // process_count
   ds = _imagenet_split("train", data_dir, process_index, process_count)
   options = tf.data.Options()
   options.deterministic = False      # throughput over order; the shuffle is still seeded
   ds = ds.with_options(options).repeat().shuffle(data_cfg.shuffle_buffer, seed=seed)
-  ds = ds.map(lambda ex: {"image": preprocess_train(ex["image"], data_cfg.image_size),
+  ds = ds.map(lambda ex: {"image": preprocess_train(ex["image"], data_cfg.image_size, prep),
                           "label": tf.cast(ex["label"], tf.int32)},
               num_parallel_calls=tf.data.AUTOTUNE)
   return ds.batch(host_batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
 
 
-def imagenet_eval(data_cfg, global_batch_size, data_dir, process_index=0, process_count=1):
+def imagenet_eval(data_cfg, global_batch_size, data_dir, process_index=0, process_count=1,
+                  prep=MLPERF):
   ds = _imagenet_split("validation", data_dir, process_index, process_count)
-  ds = ds.map(lambda ex: {"image": preprocess_eval(ex["image"], data_cfg.image_size),
+  ds = ds.map(lambda ex: {"image": preprocess_eval(ex["image"], data_cfg.image_size, prep),
                           "label": tf.cast(ex["label"], tf.int32)},
               num_parallel_calls=tf.data.AUTOTUNE)
   total = data_cfg.eval_examples
@@ -152,22 +191,23 @@ def mini_eval(data_cfg, num_classes, global_batch_size, process_index=0, process
 # ----------------------------------------------------------------------------- entry points
 
 def train_dataset(data_cfg, num_classes, global_batch_size, seed, data_dir=None,
-                  process_index=0, process_count=1):
-  """This host's batches: global_batch_size / process_count examples each."""
+                  process_index=0, process_count=1, prep=MLPERF):
+  """This host's batches: global_batch_size / process_count examples each; `prep` is the
+  real dataset's preprocessing (the mini set is generated already normalised)."""
   if data_cfg.source == "mini":
     return mini_train(data_cfg, num_classes, global_batch_size, seed, process_index,
                       process_count)
   return imagenet_train(data_cfg, global_batch_size, seed, data_dir, process_index,
-                        process_count)
+                        process_count, prep)
 
 
 def eval_dataset(data_cfg, num_classes, global_batch_size, data_dir=None, process_index=0,
-                 process_count=1):
+                 process_count=1, prep=MLPERF):
   """This host's share of the eval split in padded batches of global/process_count; with
   several hosts every host yields the same number of batches."""
   if data_cfg.source == "mini":
     return mini_eval(data_cfg, num_classes, global_batch_size, process_index, process_count)
-  return imagenet_eval(data_cfg, global_batch_size, data_dir, process_index, process_count)
+  return imagenet_eval(data_cfg, global_batch_size, data_dir, process_index, process_count, prep)
 
 
 def synthetic_batch(data_cfg, num_classes, batch_size, seed):

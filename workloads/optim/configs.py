@@ -65,3 +65,34 @@ class LambConfig:
             f"step {self.start_warmup_step}, linear decay to 0 at step {self.training_steps}, "
             f"betas {self.beta_1}/{self.beta_2}, eps {self.epsilon}, weight decay "
             f"{self.weight_decay_rate}, clip norm {self.clip_norm})")
+
+
+@dataclasses.dataclass
+class RmsPropConfig:
+  """RMSProp with TF semantics and the tensorflow/tpu EfficientNet schedule and EMA
+  (models/official/efficientnet main.py / utils.py defaults)."""
+  name: str = "rmsprop"
+  base_learning_rate_per_256: float = 0.016  # lr = this x global batch / 256
+  warmup_epochs: float = 5.0                 # linear from 0
+  decay_epochs: float = 2.4                  # then x decay_factor every decay_epochs (staircase,
+  decay_factor: float = 0.97                 # counted from step 0)
+  decay: float = 0.9                         # rho of the mean square
+  momentum: float = 0.9
+  epsilon: float = 1e-3                      # inside the sqrt (TF's ApplyRMSProp)
+  weight_decay: float = 1e-5                 # L2 (wd/2 * ||w||^2 in the loss), not on batch norm
+  label_smoothing: float = 0.1
+  ema_decay: float = 0.9999                  # of weights and BN statistics; eval uses the EMA
+
+  def summary(self) -> str:
+    return (f"rmsprop (lr {self.base_learning_rate_per_256} x batch/256, warmup "
+            f"{self.warmup_epochs} epochs, x{self.decay_factor} every {self.decay_epochs} epochs, "
+            f"rho {self.decay}, momentum {self.momentum}, eps {self.epsilon}, weight decay "
+            f"{self.weight_decay}, EMA {self.ema_decay})")
+
+  def validate(self):
+    one_of(self, "name", ("rmsprop",))
+    positive(self, "base_learning_rate_per_256", "decay_epochs", "epsilon")
+    in_range(self, "warmup_epochs", 0.0, None)
+    in_range(self, "weight_decay", 0.0, None)
+    for field in ("decay_factor", "decay", "momentum", "label_smoothing", "ema_decay"):
+      in_range(self, field, 0.0, 1.0)

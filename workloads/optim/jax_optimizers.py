@@ -156,3 +156,63 @@ def make_optimizer(opt_cfg, schedule) -> optax.GradientTransformation:
     return mlperf_lars(lr, opt_cfg.weight_decay, opt_cfg.momentum, opt_cfg.lars_eta,
                        opt_cfg.lars_epsilon)
   return sgd_momentum(lr, opt_cfg.weight_decay, opt_cfg.momentum)
+
+
+# ----------------------------------------------------------------------------- RMSProp
+
+def not_batch_norm(params) -> Any:
+  """True for every parameter but batch norm's (modules named *_bn, or flax's BatchNorm_*):
+  tensorflow/tpu EfficientNet's L2 term skips the 'batch_normalization' variables only, so
+  SE and classifier biases are decayed."""
+  def decayed(path, _):
+    module = str(getattr(path[-2], "key", "")) if len(path) > 1 else ""
+    return not (module.endswith("_bn") or module == "bn" or module.startswith("BatchNorm"))
+  return jax.tree_util.tree_map_with_path(decayed, params)
+
+
+class RmsPropState(NamedTuple):
+  count: jax.Array
+  mean_square: Any
+  momentum: Any
+
+
+def tf_rmsprop(learning_rate: Callable, decay: float = 0.9, momentum: float = 0.9,
+               epsilon: float = 1e-3, weight_decay: float = 0.0, mask=not_batch_norm
+               ) -> optax.GradientTransformation:
+  """RMSProp as TF1's RMSPropOptimizer (tf.raw_ops.ApplyRMSProp), which tensorflow/tpu uses:
+
+    g   = grad + wd * w                 (the L2 term wd/2 * ||w||^2, masked parameters only)
+    ms  = decay * ms + (1 - decay) * g^2          ms starts at 1.0 (TF1's slot initialiser)
+    mom = momentum * mom + lr * g / sqrt(ms + epsilon)      epsilon inside the sqrt
+    w   = w - mom
+
+  Keras' and optax's defaults start ms at 0 and (Keras) put epsilon outside the sqrt; with
+  epsilon 1e-3 the difference is large for small gradients.
+  """
+  def init(params):
+    return RmsPropState(count=jnp.zeros([], jnp.int32),
+                        mean_square=jax.tree.map(jnp.ones_like, params),
+                        momentum=jax.tree.map(jnp.zeros_like, params))
+
+  def update(grads, state, params):
+    lr = learning_rate(state.count)
+    decayed = mask(params) if callable(mask) else mask
+    grads = jax.tree.map(lambda g, w, d: g + weight_decay * w if d else g, grads, params, decayed)
+    ms = jax.tree.map(lambda s, g: decay * s + (1 - decay) * jnp.square(g),
+                      state.mean_square, grads)
+    mom = jax.tree.map(lambda m, g, s: momentum * m + lr * g / jnp.sqrt(s + epsilon),
+                       state.momentum, grads, ms)
+    return jax.tree.map(jnp.negative, mom), RmsPropState(state.count + 1, ms, mom)
+
+  return optax.GradientTransformation(init, update)
+
+
+def make_rmsprop(opt_cfg, schedule) -> optax.GradientTransformation:
+  return tf_rmsprop(lambda step: schedule(step, ops=jnp), opt_cfg.decay, opt_cfg.momentum,
+                    opt_cfg.epsilon, opt_cfg.weight_decay)
+
+
+def ema_decay(decay: float, step):
+  """tf.train.ExponentialMovingAverage(decay, num_updates=step): min(decay, (1+n)/(10+n)),
+  so early averages do not remember the random initialisation for long."""
+  return jnp.minimum(decay, (1.0 + step) / (10.0 + step))

@@ -73,3 +73,31 @@ class BertLambSchedule:
     since = step - self.start_warmup_step
     warmup = self.base_lr * since / self.warmup_steps
     return ops.where(since < self.warmup_steps, warmup, decayed)
+
+
+@dataclasses.dataclass(frozen=True)
+class WarmupExponentialSchedule:
+  """tensorflow/tpu EfficientNet (utils.build_learning_rate, 'exponential'):
+
+  lr(step) = base_lr * step / warmup_steps                          for step < warmup_steps
+           = base_lr * decay_factor ** floor(step / decay_steps)   after (counted from step 0)
+  """
+  base_lr: float
+  warmup_steps: int
+  decay_steps: int
+  decay_factor: float
+
+  def __call__(self, step, ops=np):
+    step = step * 1.0
+    warmup = self.base_lr * step / max(self.warmup_steps, 1)
+    decayed = self.base_lr * self.decay_factor ** ops.floor(step / max(self.decay_steps, 1))
+    return ops.where(step < self.warmup_steps, warmup, decayed)
+
+
+def warmup_exponential_for(opt_cfg, train_cfg, train_examples: int) -> WarmupExponentialSchedule:
+  """The reference's schedule in steps; the base rate scales with the global batch."""
+  per_epoch = train_examples / train_cfg.global_batch_size    # the reference's float division
+  return WarmupExponentialSchedule(
+      base_lr=opt_cfg.base_learning_rate_per_256 * train_cfg.global_batch_size / 256,
+      warmup_steps=int(opt_cfg.warmup_epochs * per_epoch),
+      decay_steps=int(opt_cfg.decay_epochs * per_epoch), decay_factor=opt_cfg.decay_factor)

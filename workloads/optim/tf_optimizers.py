@@ -212,3 +212,49 @@ def make_lamb(lamb_cfg, schedule, excluded_variables, dtype="float32"):
                          lamb_cfg.beta_1, lamb_cfg.beta_2, lamb_cfg.epsilon, lamb_cfg.clip_norm)
   optimizer.exclude_from_weight_decay(var_list=list(excluded_variables))
   return optimizer
+
+
+class TfRmsProp(_Optimizer):
+  """RMSProp as TF1's RMSPropOptimizer computes it (formula: jax_optimizers.tf_rmsprop): mean
+  square starting at 1.0, epsilon inside the sqrt, lr inside the momentum, and the L2 term
+  wd * w added to the gradient of variables not excluded with `exclude_from_weight_decay`
+  (batch norm's). Keras' own RMSprop starts the mean square at 0 and adds epsilon outside."""
+
+  def __init__(self, learning_rate, rho=0.9, momentum=0.9, epsilon=1e-3, decay=0.0,
+               name="tf_rmsprop", **kwargs):
+    super().__init__(learning_rate=learning_rate, name=name, **kwargs)
+    self.rho, self.momentum, self.epsilon, self.decay = rho, momentum, epsilon, decay
+
+  def build(self, var_list):
+    if self.built:
+      return
+    super().build(var_list)
+    self.mean_squares = [self.add_variable_from_reference(v, "mean_square", initializer="ones")
+                         for v in var_list]
+    self.momentums = [self.add_variable_from_reference(v, "momentum") for v in var_list]
+
+  def update_step(self, gradient, variable, learning_rate):
+    index = self._get_variable_index(variable)
+    ms, mom = self.mean_squares[index], self.momentums[index]
+    g = ops.cast(gradient, variable.dtype)
+    if self._use_weight_decay(variable):
+      g = g + self.decay * variable
+    new_ms = self.rho * ms + (1 - self.rho) * ops.square(g)
+    new_mom = self.momentum * mom + ops.cast(learning_rate, variable.dtype) * g / ops.sqrt(
+        new_ms + self.epsilon)
+    self.assign(ms, new_ms)
+    self.assign(mom, new_mom)
+    self.assign(variable, variable - new_mom)
+
+  def get_config(self):
+    config = super().get_config()
+    config.update(rho=self.rho, momentum=self.momentum, epsilon=self.epsilon, decay=self.decay)
+    return config
+
+
+def make_rmsprop(opt_cfg, schedule, excluded_variables, dtype="float32"):
+  """`excluded_variables`: no L2 term (batch norm's); `dtype`: the learning rate's."""
+  optimizer = TfRmsProp(KerasSchedule(schedule, dtype), opt_cfg.decay, opt_cfg.momentum,
+                        opt_cfg.epsilon, opt_cfg.weight_decay)
+  optimizer.exclude_from_weight_decay(var_list=list(excluded_variables))
+  return optimizer

@@ -1,0 +1,36 @@
+"""The mini EfficientNet run end to end, through the command line, in both frameworks: the
+target is reached (eval on the moving-average weights), the result row says success, and the
+log carries the recipe's keys and passes the official checker with the project's rule file."""
+import json
+
+import pandas as pd
+import pytest
+
+pytestmark = pytest.mark.slow
+
+
+def _log_events(path):
+  with open(path) as f:
+    return [json.loads(line[len(":::MLLOG "):]) for line in f if line.startswith(":::MLLOG ")]
+
+
+@pytest.mark.parametrize("framework", ["jax", "tf"])
+def test_mini_efficientnet_reaches_target_and_log_passes_the_checker(cli, tmp_path, framework):
+  results_csv = tmp_path / "results.csv"
+  proc = cli("run", "efficientnet", "--framework", framework, "--seed", "0", "--results",
+             str(results_csv), "--log-dir", str(tmp_path / "logs"))
+  assert proc.returncode == 0, proc.stdout + proc.stderr
+  row = pd.read_csv(results_csv).iloc[0]
+  assert row["status"] == "success" and row["framework"] == framework
+  assert row["preset"] == "mini" and row["final_metric"] >= row["target"] == 0.9
+  events = {e["key"]: e for e in _log_events(row["log_path"])}
+  expected = {"submission_benchmark": "efficientnet", "submission_division": "open",
+              "opt_name": "rmsprop", "opt_rmsprop_decay": 0.9, "opt_rmsprop_momentum": 0.9,
+              "opt_rmsprop_epsilon": 0.001, "opt_weight_decay": 1e-5, "label_smoothing": 0.1,
+              "opt_learning_rate_decay_factor": 0.9, "model_eval_ema_factor": 0.99,
+              "opt_base_learning_rate": 0.064 * 64 / 256, "global_batch_size": 64}
+  for key, value in expected.items():
+    assert events[key]["value"] == pytest.approx(value) if isinstance(value, float) else (
+        events[key]["value"] == value), key
+  check = cli("check", row["log_path"])
+  assert check.returncode == 0 and "PASSED" in check.stdout, check.stdout

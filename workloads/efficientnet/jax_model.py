@@ -1,0 +1,98 @@
+"""EfficientNet in flax: the same blocks (spec.blocks), initialisation and parameter names as
+tf_model.py and keras.applications.EfficientNetB* (flax path block1a/expand_conv is Keras'
+layer block1a_expand_conv), so weights copy one to one.
+
+MBConv: 1x1 expand (skipped at ratio 1) -> BN -> swish -> depthwise kxk (stride) -> BN ->
+swish -> squeeze-and-excite (global mean -> 1x1 to 0.25 x block input, swish -> 1x1 back,
+sigmoid -> scale) -> 1x1 project -> BN (-> stochastic depth -> + input, when shapes allow).
+Convs pad 'SAME' (TF's rule, which keras.applications' correct_pad equals at stride 2).
+"""
+import functools
+from typing import Any
+
+import flax.linen as nn
+import jax.numpy as jnp
+
+from workloads.efficientnet import spec
+
+# keras.applications' initialisers: VarianceScaling(2, fan_out, truncated normal) for convs,
+# (1/3, fan_out, uniform) for the classifier. A depthwise kernel is [k, k, C, 1] in Keras (fan
+# out k*k) and [k, k, 1, C] in flax, whose fan *in* is that same k*k.
+conv_init = nn.initializers.variance_scaling(2.0, "fan_out", "truncated_normal")
+depthwise_init = nn.initializers.variance_scaling(2.0, "fan_in", "truncated_normal")
+dense_init = nn.initializers.variance_scaling(1.0 / 3.0, "fan_out", "uniform")
+
+
+class MBConv(nn.Module):
+  block: spec.Block
+  conv: Any
+  norm: Any
+
+  @nn.compact
+  def __call__(self, inputs, train: bool):
+    b = self.block
+    x = inputs
+    filters = b.filters_in * b.expand_ratio
+    if b.expand_ratio != 1:
+      x = self.conv(filters, (1, 1), name="expand_conv")(x)
+      x = nn.swish(self.norm(name="expand_bn")(x))
+    x = self.conv(filters, (b.kernel, b.kernel), strides=(b.strides, b.strides),
+                  feature_group_count=filters, kernel_init=depthwise_init, name="dwconv")(x)
+    x = nn.swish(self.norm(name="bn")(x))
+    se = jnp.mean(x, axis=(1, 2), keepdims=True)
+    se = nn.swish(self.conv(b.se_filters, (1, 1), use_bias=True, name="se_reduce")(se))
+    se = nn.sigmoid(self.conv(filters, (1, 1), use_bias=True, name="se_expand")(se))
+    x = self.conv(b.filters_out, (1, 1), name="project_conv")(x * se)
+    x = self.norm(name="project_bn")(x)
+    if b.residual:
+      # Stochastic depth: drop the whole branch per example, scale survivors by 1/(1 - rate).
+      x = nn.Dropout(b.drop_rate, broadcast_dims=(1, 2, 3))(x, deterministic=not train)
+      x = x + inputs
+    return x
+
+
+class EfficientNet(nn.Module):
+  width_coefficient: float
+  depth_coefficient: float
+  dropout_rate: float
+  num_classes: int = 1000
+  drop_connect_rate: float = 0.2
+  dtype: Any = jnp.float32          # compute dtype; parameters stay float32
+  bn_axis_name: Any = None          # mesh axis whose devices pool batch statistics (shard_map)
+
+  @nn.compact
+  def __call__(self, x, train: bool = True):
+    conv = functools.partial(nn.Conv, use_bias=False, padding="SAME", dtype=self.dtype,
+                             kernel_init=conv_init)
+    norm = functools.partial(nn.BatchNorm, use_running_average=not train,
+                             momentum=spec.BN_MOMENTUM, epsilon=spec.BN_EPSILON, dtype=self.dtype,
+                             axis_name=self.bn_axis_name if train else None)
+    filters = functools.partial(spec.round_filters, width_coefficient=self.width_coefficient)
+    x = x.astype(self.dtype)
+    x = conv(filters(spec.STEM_FILTERS), (3, 3), strides=(2, 2), name="stem_conv")(x)
+    x = nn.swish(norm(name="stem_bn")(x))
+    for block in spec.blocks(self.width_coefficient, self.depth_coefficient,
+                             self.drop_connect_rate):
+      x = MBConv(block, conv, norm, name=block.name)(x, train)
+    x = conv(filters(spec.TOP_FILTERS), (1, 1), name="top_conv")(x)
+    x = nn.swish(norm(name="top_bn")(x))
+    x = jnp.mean(x, axis=(1, 2))
+    x = nn.Dropout(self.dropout_rate)(x, deterministic=not train)
+    x = nn.Dense(self.num_classes, dtype=self.dtype, kernel_init=dense_init, name="predictions")(x)
+    return x.astype(jnp.promote_types(self.dtype, jnp.float32))   # bf16 -> f32 logits
+
+
+def from_config(model_cfg, **kw):
+  m = model_cfg
+  return EfficientNet(m.width_coefficient, m.depth_coefficient, m.dropout_rate, m.num_classes,
+                      m.drop_connect_rate, **kw)
+
+
+def _variant(name):
+  width, depth, _, dropout = spec.VARIANTS[name]
+  return functools.partial(EfficientNet, width_coefficient=width, depth_coefficient=depth,
+                           dropout_rate=dropout)
+
+
+EfficientNetB0, EfficientNetB1, EfficientNetB2, EfficientNetB3 = map(_variant, ("b0", "b1", "b2", "b3"))
+EfficientNetB4, EfficientNetB5, EfficientNetB6, EfficientNetB7 = map(_variant, ("b4", "b5", "b6", "b7"))

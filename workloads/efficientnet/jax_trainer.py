@@ -1,0 +1,116 @@
+"""EfficientNet training and evaluation in JAX (flax + optax), behind the driver's Trainer API
+(the loop and distribution: workloads/parallel/jax_trainer_base.py).
+
+What is EfficientNet's: dropout and stochastic depth need a key per step (folded from the
+step number, so a run is reproducible); TF-semantics RMSProp (optim/jax_optimizers.tf_rmsprop);
+and an exponential moving average of the weights and batch-norm statistics, updated after
+every step as tf.train.ExponentialMovingAverage(decay, num_updates=step) does, which eval uses
+(rules/efficientnet.yaml: use_ema_weights).
+"""
+import functools
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax.training import train_state
+
+from workloads.efficientnet import input_pipeline, jax_model, spec
+from workloads.optim import jax_optimizers, schedules
+from workloads.parallel import jax_runtime
+from workloads.parallel.jax_trainer_base import MeshTrainer
+
+
+class TrainState(train_state.TrainState):
+  batch_stats: dict
+  ema_params: dict
+  ema_batch_stats: dict
+  dropout_key: jax.Array
+
+
+def cross_entropy(logits, labels, num_classes, label_smoothing):
+  targets = optax.smooth_labels(jax.nn.one_hot(labels, num_classes, dtype=logits.dtype),
+                                label_smoothing)
+  return optax.softmax_cross_entropy(logits, targets).mean()
+
+
+def ema_update(ema, new, decay, step):
+  """One moving-average step of a pytree at update count `step` (jax_optimizers.ema_decay)."""
+  d = jax_optimizers.ema_decay(decay, step)
+  return jax.tree.map(lambda e, v: d * e + (1 - d) * v, ema, new)
+
+
+def loss_and_grads(apply_fn, params, batch_stats, batch, key, num_classes, label_smoothing):
+  def loss_fn(p):
+    logits, updates = apply_fn({"params": p, "batch_stats": batch_stats}, batch["image"],
+                               train=True, mutable=["batch_stats"], rngs={"dropout": key})
+    return cross_entropy(logits, batch["label"], num_classes, label_smoothing), updates
+  (loss, updates), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+  return loss, grads, updates["batch_stats"]
+
+
+def train_step(state, batch, *, runtime, num_classes, label_smoothing, ema_decay):
+  key = jax.random.fold_in(state.dropout_key, state.step)
+  kw = dict(num_classes=num_classes, label_smoothing=label_smoothing)
+  if runtime.grouped_bn:                             # per device, BN pooled over groups
+    def local(params, batch_stats, local_batch):
+      # each device draws its own masks for its own examples
+      device_key = jax.random.fold_in(key, jax.lax.axis_index(jax_runtime.DATA))
+      return loss_and_grads(state.apply_fn, params, batch_stats, local_batch, device_key, **kw)
+    loss, grads, stats = runtime.grouped_bn_step(local)(state.params, state.batch_stats, batch)
+  else:
+    loss, grads, stats = loss_and_grads(state.apply_fn, state.params, state.batch_stats, batch,
+                                        key, **kw)
+  grads = runtime.constrain_update(grads)            # weight-update sharding: shard the update
+  state = state.apply_gradients(grads=grads, batch_stats=stats)
+  params = runtime.replicate(state.params)
+  state = state.replace(
+      params=params, ema_params=ema_update(state.ema_params, params, ema_decay, state.step),
+      ema_batch_stats=ema_update(state.ema_batch_stats, stats, ema_decay, state.step))
+  return state, loss
+
+
+def eval_step(state, batch):
+  """Top-1 counts of the moving-average model."""
+  logits = state.apply_fn({"params": state.ema_params, "batch_stats": state.ema_batch_stats},
+                          batch["image"], train=False)
+  correct = (jnp.argmax(logits, -1) == batch["label"]) * batch["mask"]
+  return jnp.stack([correct.sum(), batch["mask"].sum()])
+
+
+class EfficientNetTrainer(MeshTrainer):
+  spec_module, pipeline = spec, input_pipeline
+
+  def __init__(self, cfg, ctx):
+    super().__init__(cfg, ctx)
+    self.model = jax_model.from_config(cfg.model, dtype=self.dtype,
+                                       bn_axis_name="bn" if self.runtime.grouped_bn else None)
+    self.schedule = schedules.warmup_exponential_for(cfg.optimizer, cfg.train,
+                                                     self.train_examples)
+    self.tx = jax_optimizers.make_rmsprop(cfg.optimizer, self.schedule)
+
+  def _create_state(self, rng):
+    size = self.cfg.data.image_size
+    params_key, dropout_key = jax.random.split(rng)
+    variables = self.model.init(params_key, jnp.zeros((1, size, size, 3)), train=False)
+    return TrainState.create(apply_fn=self.model.apply, params=variables["params"], tx=self.tx,
+                             batch_stats=variables["batch_stats"],
+                             ema_params=variables["params"],
+                             ema_batch_stats=variables["batch_stats"],
+                             dropout_key=jax.random.key_data(dropout_key))
+
+  def init(self):
+    rng = jax.random.key(self.ctx.seed)
+    shardings = self.state_shardings(self._create_state, rng)
+    self.state = jax.jit(self._create_state, out_shardings=shardings)(rng)
+    step = functools.partial(train_step, runtime=self.runtime,
+                             num_classes=self.cfg.model.num_classes,
+                             label_smoothing=self.cfg.optimizer.label_smoothing,
+                             ema_decay=self.cfg.optimizer.ema_decay)
+    self.compile_steps(step, shardings)
+
+  def eval_step(self, state, batch):
+    return eval_step(state, batch)
+
+
+def make_trainer(cfg, ctx):
+  return EfficientNetTrainer(cfg, ctx)

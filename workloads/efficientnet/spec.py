@@ -1,0 +1,246 @@
+"""EfficientNet B0-B7 on ImageNet (not an MLPerf benchmark: rules/efficientnet.yaml is the
+project's own rule file): configs, presets and the architecture table, framework-neutral.
+
+The architecture (MBConv stages, width/depth rounding, per-block drop rates) is computed here,
+once, and both jax_model.py and tf_model.py build from `blocks(...)`, so the two frameworks
+cannot disagree on it; keras.applications.EfficientNetB* is the count reference.
+"""
+import dataclasses
+import math
+import os
+
+from harness import cadence, rules
+from harness.config import TrainConfig, in_range, one_of, positive
+from harness.mesh import ParallelConfig
+from harness.workload import TOP1, WorkloadSpec
+from workloads.optim import schedules
+from workloads.optim.configs import RmsPropConfig
+
+IMAGENET_TRAIN_EXAMPLES = 1_281_167
+IMAGENET_EVAL_EXAMPLES = 50_000
+
+# (kernel, repeats, filters_in, filters_out, expand_ratio, strides) of the seven B0 stages;
+# every block has squeeze-and-excite at 0.25 of its input filters (Tan & Le 2019, Table 1).
+STAGES = ((3, 1, 32, 16, 1, 1), (3, 2, 16, 24, 6, 2), (5, 2, 24, 40, 6, 2),
+          (3, 3, 40, 80, 6, 2), (5, 3, 80, 112, 6, 1), (5, 4, 112, 192, 6, 2),
+          (3, 1, 192, 320, 6, 1))
+SE_RATIO = 0.25
+STEM_FILTERS, TOP_FILTERS = 32, 1280
+BN_MOMENTUM, BN_EPSILON = 0.99, 1e-3
+
+# variant: (width coefficient, depth coefficient, resolution, final dropout)
+VARIANTS = {"b0": (1.0, 1.0, 224, 0.2), "b1": (1.0, 1.1, 240, 0.2),
+            "b2": (1.1, 1.2, 260, 0.3), "b3": (1.2, 1.4, 300, 0.3),
+            "b4": (1.4, 1.8, 380, 0.4), "b5": (1.6, 2.2, 456, 0.4),
+            "b6": (1.8, 2.6, 528, 0.5), "b7": (2.0, 3.1, 600, 0.5)}
+
+
+def round_filters(filters, width_coefficient, divisor=8):
+  """Channels scaled by the width coefficient, to a multiple of 8, never 10% below."""
+  filters *= width_coefficient
+  rounded = max(divisor, int(filters + divisor / 2) // divisor * divisor)
+  return int(rounded + divisor if rounded < 0.9 * filters else rounded)
+
+
+def round_repeats(repeats, depth_coefficient):
+  return int(math.ceil(depth_coefficient * repeats))
+
+
+@dataclasses.dataclass(frozen=True)
+class Block:
+  name: str              # block1a, block2b, ... (keras.applications' names, both frameworks)
+  kernel: int
+  filters_in: int
+  filters_out: int
+  expand_ratio: int
+  strides: int
+  se_filters: int
+  drop_rate: float       # stochastic depth: drop_connect_rate * block index / number of blocks
+
+  @property
+  def residual(self):
+    return self.strides == 1 and self.filters_in == self.filters_out
+
+
+def blocks(width_coefficient, depth_coefficient, drop_connect_rate):
+  """Every MBConv block of a variant, in order."""
+  total = sum(round_repeats(s[1], depth_coefficient) for s in STAGES)
+  out, index = [], 0
+  for stage, (kernel, repeats, f_in, f_out, expand, strides) in enumerate(STAGES):
+    f_in, f_out = round_filters(f_in, width_coefficient), round_filters(f_out, width_coefficient)
+    for j in range(round_repeats(repeats, depth_coefficient)):
+      block_in = f_in if j == 0 else f_out
+      out.append(Block(f"block{stage + 1}{chr(ord('a') + j)}", kernel, block_in, f_out, expand,
+                       strides if j == 0 else 1, max(1, int(block_in * SE_RATIO)),
+                       drop_connect_rate * index / total))
+      index += 1
+  return out
+
+
+@dataclasses.dataclass
+class ModelConfig:
+  variant: str = "b0"                  # b0..b7 set the four fields below and the resolution
+                                       # (spec.derive); any other name keeps them as given
+  width_coefficient: float = 1.0
+  depth_coefficient: float = 1.0
+  dropout_rate: float = 0.2            # before the classifier
+  drop_connect_rate: float = 0.2       # stochastic depth of the last block (0 at the first)
+  num_classes: int = 1000
+
+  def validate(self):
+    one_of(self, "variant", tuple(VARIANTS) + ("mini", "custom"))
+    positive(self, "width_coefficient", "depth_coefficient", "num_classes")
+    in_range(self, "dropout_rate", 0.0, 0.99)
+    in_range(self, "drop_connect_rate", 0.0, 0.99)
+
+
+def variant(name, num_classes=1000) -> tuple[ModelConfig, int]:
+  """(model config, image size) of EfficientNet-B0..B7."""
+  width, depth, size, dropout = VARIANTS[name]
+  return ModelConfig(name, width, depth, dropout, 0.2, num_classes), size
+
+
+def derive(cfg):
+  """`--set model.variant=b3`: B3's width, depth, dropout and 300 px (after --set overrides)."""
+  if cfg.model.variant in VARIANTS:
+    width, depth, size, dropout = VARIANTS[cfg.model.variant]
+    m = cfg.model
+    m.width_coefficient, m.depth_coefficient, m.dropout_rate = width, depth, dropout
+    cfg.data.image_size = size
+
+
+@dataclasses.dataclass
+class DataConfig:
+  source: str = "imagenet2012"     # imagenet2012 (tfds) | mini (generated) | synthetic
+  image_size: int = 224
+  train_examples: int = IMAGENET_TRAIN_EXAMPLES
+  eval_examples: int = IMAGENET_EVAL_EXAMPLES
+  eval_batch_size: int = 1024
+  shuffle_buffer: int = 16384
+  mini_seed: int = 1234
+  mini_label_noise: float = 0.05
+  mini_pixel_noise: float = 2.0
+
+  def validate(self):
+    one_of(self, "source", ("imagenet2012", "mini", "synthetic"))
+    positive(self, "image_size", "train_examples", "eval_examples", "eval_batch_size",
+             "shuffle_buffer")
+    in_range(self, "mini_label_noise", 0.0, 0.99)
+
+
+@dataclasses.dataclass
+class EfficientNetConfig:
+  model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
+  data: DataConfig = dataclasses.field(default_factory=DataConfig)
+  optimizer: RmsPropConfig = dataclasses.field(default_factory=RmsPropConfig)
+  train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
+  parallel: ParallelConfig = dataclasses.field(default_factory=ParallelConfig)
+
+
+def reference() -> EfficientNetConfig:
+  """EfficientNet-B0 with the tensorflow/tpu default recipe (rules/efficientnet.yaml): RMSProp,
+  0.016 x batch/256 with 5 warmup epochs then x0.97 every 2.4 epochs, EMA 0.9999, 350 epochs
+  at batch 2048; target and eval cadence from the rule file."""
+  rule = rules.load("efficientnet")
+  model, size = variant("b0")
+  train = TrainConfig(global_batch_size=2048, max_epochs=350, target=rule.target,
+                      precision="bfloat16")
+  return EfficientNetConfig(model=model, data=DataConfig(image_size=size),
+                            optimizer=RmsPropConfig(),
+                            train=cadence.apply_rules(train, rule.eval_cadence))
+
+
+def synthetic() -> EfficientNetConfig:
+  cfg = reference()
+  cfg.data.source = "synthetic"
+  cfg.train.global_batch_size = 32
+  return cfg
+
+
+def mini() -> EfficientNetConfig:
+  """EfficientNet at width and depth 0.25 (one block per stage, 8..80 channels) on 32x32
+  generated images; the reference recipe's optimizer with a shorter schedule and EMA."""
+  return EfficientNetConfig(
+      model=ModelConfig(variant="mini", width_coefficient=0.25, depth_coefficient=0.25,
+                        dropout_rate=0.1, drop_connect_rate=0.1, num_classes=10),
+      data=DataConfig(source="mini", image_size=32, train_examples=4096, eval_examples=1000,
+                      eval_batch_size=256, shuffle_buffer=4096, mini_pixel_noise=2.0),
+      optimizer=RmsPropConfig(base_learning_rate_per_256=0.064, warmup_epochs=1.0,
+                              decay_epochs=1.0, decay_factor=0.9, ema_decay=0.99),
+      train=TrainConfig(global_batch_size=64, max_epochs=16, eval_every_epochs=1,
+                        target=0.90, precision="float32"))
+
+
+def tiny() -> EfficientNetConfig:
+  """Every code path at the smallest size (the contract test's)."""
+  cfg = mini()
+  cfg.model.width_coefficient = cfg.model.depth_coefficient = 0.1
+  cfg.data = DataConfig(source="mini", image_size=16, train_examples=64, eval_examples=40,
+                        eval_batch_size=16, shuffle_buffer=64)
+  cfg.train.global_batch_size = 16
+  cfg.train.max_epochs = 2
+  return cfg
+
+
+def batch_layout(cfg, batch_size: int, with_mask: bool = False) -> dict:
+  size = cfg.data.image_size
+  layout = {"image": ((batch_size, size, size, 3), "float32",
+                      ("batch", "height", "width", "channels")),
+            "label": ((batch_size,), "int32", ("batch",))}
+  if with_mask:
+    layout["mask"] = ((batch_size,), "float32", ("batch",))
+  return layout
+
+
+# Every parameter's logical axes (flax paths; Keras layer names are the same joined by '_').
+PARAM_AXES = (
+    (r"predictions/kernel", ("channels", "classes")),
+    (r"predictions/bias", ("classes",)),
+    (r".*/kernel", ("kernel_h", "kernel_w", "conv_in", "conv_out")),   # convs, depthwise too
+    (r".*/(scale|bias)", ("channels",)),                               # batch norm, SE biases
+)
+
+
+def mllog_hyperparameters(cfg, train_examples: int) -> dict:
+  """The recipe's keys (rules/efficientnet.yaml `logged_fixed_keys` and tunables)."""
+  opt = cfg.optimizer
+  schedule = schedules.warmup_exponential_for(opt, cfg.train, train_examples)
+  return {"opt_name": "rmsprop",
+          "opt_base_learning_rate": schedule.base_lr,
+          "opt_learning_rate_warmup_epochs": opt.warmup_epochs,
+          "opt_learning_rate_decay_interval": opt.decay_epochs,
+          "opt_learning_rate_decay_factor": opt.decay_factor,
+          "opt_weight_decay": opt.weight_decay,
+          "opt_rmsprop_decay": opt.decay,
+          "opt_rmsprop_momentum": opt.momentum,
+          "opt_rmsprop_epsilon": opt.epsilon,
+          "model_eval_ema_factor": opt.ema_decay,
+          "label_smoothing": opt.label_smoothing}
+
+
+def missing_data(cfg, data_dir) -> list[str]:
+  if cfg.data.source != "imagenet2012":
+    return []
+  return [] if os.path.isdir(os.path.join(data_dir, "imagenet2012")) else ["imagenet2012/"]
+
+
+SPEC = WorkloadSpec(
+    name="efficientnet",
+    mlperf_benchmark="efficientnet",
+    title="EfficientNet-B0 on ImageNet (not an MLPerf benchmark)",
+    metric=TOP1,
+    presets={"mini": mini, "reference": reference, "synthetic": synthetic, "tiny": tiny},
+    trainer_modules={"jax": "workloads.efficientnet.jax_trainer",
+                     "tf": "workloads.efficientnet.tf_trainer"},
+    mllog_hyperparameters=mllog_hyperparameters,
+    derive=derive,
+    bn_span=lambda cfg, data_replicas: (
+        (cfg.parallel.bn_group_size or data_replicas)
+        * cfg.train.global_batch_size // data_replicas),
+    mesh_axes=("data",),
+    param_axes=PARAM_AXES,
+    missing_data=missing_data,
+    data_dir_contents=("a tensorflow-datasets data dir holding a prepared imagenet2012/ "
+                       "(tfds build imagenet2012 --data_dir DIR, ILSVRC2012 tars in "
+                       "DIR/downloads/manual)"),
+)

@@ -1,0 +1,137 @@
+"""EfficientNet in Keras 3: the architecture of jax_model.py (blocks from spec.blocks), with
+keras.applications.EfficientNetB*'s layer names and initialisers, so parameter counts equal
+keras.applications' and flax weights copy one to one (`load_flax_variables`): Keras layer
+`block1a_expand_conv` is flax module block1a/expand_conv.
+
+Given a tf_runtime.StrategyRuntime with several replicas, batch norm pools statistics over
+groups of replicas (workloads/parallel/tf_layers.py). No spatial partitioning.
+"""
+import numpy as np
+import keras
+from keras import layers
+
+from workloads.efficientnet import spec
+from workloads.parallel import tf_layers
+
+# Built per layer, after keras.utils.set_random_seed (see resnet/tf_model.py on seeding).
+conv_init = lambda: keras.initializers.VarianceScaling(2.0, "fan_out", "truncated_normal")
+dense_init = lambda: keras.initializers.VarianceScaling(1.0 / 3.0, "fan_out", "uniform")
+
+
+def _conv(filters, kernel, name, dtype, strides=1, use_bias=False, activation=None):
+  return layers.Conv2D(filters, kernel, strides=strides, padding="same", use_bias=use_bias,
+                       activation=activation, kernel_initializer=conv_init(), name=name,
+                       dtype=dtype)
+
+
+def _mbconv(inputs, b, lay):
+  dtype, x = lay.dtype, inputs
+  filters = b.filters_in * b.expand_ratio
+  if b.expand_ratio != 1:
+    x = _conv(filters, 1, f"{b.name}_expand_conv", dtype)(x)
+    x = layers.Activation("swish", dtype=dtype)(lay.bn(f"{b.name}_expand_bn")(x))
+  x = layers.DepthwiseConv2D(b.kernel, b.strides, padding="same", use_bias=False,
+                             depthwise_initializer=conv_init(), name=f"{b.name}_dwconv",
+                             dtype=dtype)(x)
+  x = layers.Activation("swish", dtype=dtype)(lay.bn(f"{b.name}_bn")(x))
+  se = layers.GlobalAveragePooling2D(keepdims=True, dtype=dtype)(x)
+  se = _conv(b.se_filters, 1, f"{b.name}_se_reduce", dtype, use_bias=True, activation="swish")(se)
+  se = _conv(filters, 1, f"{b.name}_se_expand", dtype, use_bias=True, activation="sigmoid")(se)
+  x = layers.Multiply(dtype=dtype)([x, se])
+  x = _conv(b.filters_out, 1, f"{b.name}_project_conv", dtype)(x)
+  x = lay.bn(f"{b.name}_project_bn")(x)
+  if b.residual:
+    if b.drop_rate > 0:           # stochastic depth: one draw per example
+      x = layers.Dropout(b.drop_rate, noise_shape=(None, 1, 1, 1), dtype=dtype)(x)
+    x = layers.Add(dtype=dtype)([x, inputs])
+  return x
+
+
+def efficientnet(model_cfg, image_size, dtype="float32", runtime=None):
+  """dtype 'mixed_bfloat16' computes in bf16 with float32 variables; 'float64' (parity tests).
+  `runtime`: a distributed tf_runtime.StrategyRuntime, or None for one replica."""
+  m = model_cfg
+  lay = tf_layers.RuntimeLayers(runtime, dtype, bn_momentum=spec.BN_MOMENTUM,
+                                bn_epsilon=spec.BN_EPSILON)
+  io_dtype = "float64" if dtype == "float64" else "float32"
+  inputs = keras.Input((image_size, image_size, 3), dtype=io_dtype)
+  x = _conv(spec.round_filters(spec.STEM_FILTERS, m.width_coefficient), 3, "stem_conv", dtype,
+            strides=2)(inputs)
+  x = layers.Activation("swish", dtype=dtype)(lay.bn("stem_bn")(x))
+  for block in spec.blocks(m.width_coefficient, m.depth_coefficient, m.drop_connect_rate):
+    x = _mbconv(x, block, lay)
+  x = _conv(spec.round_filters(spec.TOP_FILTERS, m.width_coefficient), 1, "top_conv", dtype)(x)
+  x = layers.Activation("swish", dtype=dtype)(lay.bn("top_bn")(x))
+  x = layers.GlobalAveragePooling2D(dtype=dtype)(x)
+  if m.dropout_rate > 0:
+    x = layers.Dropout(m.dropout_rate, dtype=dtype)(x)
+  x = layers.Dense(m.num_classes, kernel_initializer=dense_init(), name="predictions",
+                   dtype=dtype)(x)
+  outputs = layers.Activation("linear", dtype=io_dtype)(x)
+  return keras.Model(inputs, outputs, name=f"efficientnet_{m.variant}")
+
+
+def batch_norm_variables(model):
+  """gamma and beta of every batch norm: the variables without the L2 term (by layer role)."""
+  return [w for layer in model.layers if isinstance(layer, layers.BatchNormalization)
+          for w in (layer.gamma, layer.beta)]
+
+
+# ------------------------------------------------------------------- flax -> keras conversion
+
+def _flax_path(layer_name, flax_params):
+  """block1a_expand_conv -> ('block1a', 'expand_conv'); stem_conv -> ('stem_conv',)."""
+  if layer_name in flax_params:
+    return (layer_name,)
+  block, _, rest = layer_name.partition("_")
+  return (block, rest)
+
+
+def _get(tree, path):
+  for key in path:
+    tree = tree[key]
+  return tree
+
+
+def load_flax_variables(model, variables):
+  """Copies flax {'params', 'batch_stats'} into the Keras model, layer by layer. Conv kernels
+  are HWIO in both; a flax depthwise kernel [k, k, 1, C] is Keras' [k, k, C, 1]."""
+  params, stats = variables["params"], variables["batch_stats"]
+  copied = 0
+  for layer in model.layers:
+    if not layer.weights:
+      continue
+    path = _flax_path(layer.name, params)
+    p = _get(params, path)
+    if isinstance(layer, layers.BatchNormalization):
+      s = _get(stats, path)
+      values = [p["scale"], p["bias"], s["mean"], s["var"]]
+    elif isinstance(layer, layers.DepthwiseConv2D):
+      k = np.asarray(p["kernel"])
+      values = [k.reshape(k.shape[:2] + (k.shape[3], 1))]
+    else:
+      values = [p["kernel"]] + ([p["bias"]] if "bias" in p else [])
+    layer.set_weights([np.asarray(v) for v in values])
+    copied += sum(np.size(w) for w in layer.get_weights())
+  total = sum(np.size(w) for w in model.get_weights())
+  if copied != total:
+    raise ValueError(f"converted {copied} of {total} values: the models differ")
+  return model
+
+
+def flax_path_of(model, flax_params):
+  """{id(keras variable): flax params path}, to compare gradients and updates across."""
+  out = {}
+  for layer in model.layers:
+    if not layer.trainable_weights:
+      continue
+    path = _flax_path(layer.name, flax_params)
+    if isinstance(layer, layers.BatchNormalization):
+      out[id(layer.gamma)], out[id(layer.beta)] = path + ("scale",), path + ("bias",)
+    elif isinstance(layer, layers.DepthwiseConv2D):
+      out[id(layer.kernel)] = path + ("kernel",)
+    else:
+      out[id(layer.kernel)] = path + ("kernel",)
+      if layer.use_bias:
+        out[id(layer.bias)] = path + ("bias",)
+  return out

@@ -1,0 +1,94 @@
+"""EfficientNet training and evaluation in TensorFlow (Keras 3 model, custom loop), behind the
+driver's Trainer API (the loop and distribution: workloads/parallel/tf_trainer_base.py).
+
+What is EfficientNet's: the model (batch norm across replica groups), TF-semantics RMSProp
+with the L2 term off batch norm, the label-smoothed loss, and a second Keras model holding the
+exponential moving average of the weights and batch-norm statistics (updated after every step
+as tf.train.ExponentialMovingAverage(decay, num_updates=step) does), which eval runs.
+"""
+import tensorflow as tf
+
+from workloads.efficientnet import input_pipeline, spec, tf_model
+from workloads.optim import schedules, tf_optimizers
+from workloads.parallel.tf_trainer_base import StrategyTrainer
+
+
+def cross_entropy_sum(logits, labels, num_classes, label_smoothing):
+  """Summed (not averaged) label-smoothed cross entropy: callers divide by the global batch."""
+  targets = tf.one_hot(labels, num_classes, dtype=logits.dtype)
+  targets = targets * (1.0 - label_smoothing) + label_smoothing / num_classes
+  return tf.reduce_sum(tf.nn.softmax_cross_entropy_with_logits(targets, logits))
+
+
+def ema_update(ema_vars, new_values, decay, step):
+  """ema = d * ema + (1 - d) * value, d = min(decay, (1 + step) / (10 + step))."""
+  dtype = ema_vars[0].dtype
+  step = tf.cast(step, dtype)
+  d = tf.minimum(tf.constant(decay, dtype), (1.0 + step) / (10.0 + step))
+  for ema, value in zip(ema_vars, new_values):
+    ema.assign(d * ema + (1.0 - d) * tf.cast(value, dtype))
+
+
+def averaged_weights(model):
+  """The variables the moving average follows: trainable ones and the BN moving statistics
+  (not the dropout seed generators' states)."""
+  return model.trainable_weights + [w for layer in model.layers if hasattr(layer, "moving_mean")
+                                    for w in (layer.moving_mean, layer.moving_variance)]
+
+
+class EfficientNetTrainer(StrategyTrainer):
+  spec_module, pipeline = spec, input_pipeline
+
+  def __init__(self, cfg, ctx):
+    super().__init__(cfg, ctx)
+    if self.runtime.distributed:
+      # Not yet: a tiny run over 8 logical CPUs hung (the moving-average update of mirrored
+      # variables under strategy.run is the suspect); refuse rather than hang.
+      raise ValueError("efficientnet --framework tf runs on one replica for now (its moving "
+                       "average under tf.distribute is not done); use --framework jax for "
+                       "several devices")
+    self.schedule = schedules.warmup_exponential_for(cfg.optimizer, cfg.train,
+                                                     self.train_examples)
+
+  def make_model(self, runtime):
+    model = tf_model.efficientnet(self.cfg.model, self.cfg.data.image_size, dtype=self.dtype,
+                                  runtime=runtime)
+    # The moving average lives in a twin model (eval runs it); it starts at the initial weights.
+    self.ema_model = tf_model.efficientnet(self.cfg.model, self.cfg.data.image_size,
+                                           dtype=self.dtype, runtime=runtime)
+    self.ema_model.set_weights(model.get_weights())
+    return model
+
+  def make_optimizer(self):
+    optimizer = tf_optimizers.make_rmsprop(self.cfg.optimizer, self.schedule,
+                                           tf_model.batch_norm_variables(self.model))
+    return optimizer, optimizer.learning_rate_schedule
+
+  def loss_and_grads(self, batch):
+    cfg = self.cfg
+    with tf.GradientTape() as tape:
+      logits = self.model(batch["image"], training=True)
+      loss = cross_entropy_sum(logits, batch["label"], cfg.model.num_classes,
+                               cfg.optimizer.label_smoothing) / cfg.train.global_batch_size
+    return loss, tape.gradient(loss, self.model.trainable_variables)
+
+  def _train_step(self, batch):
+    loss = super()._train_step(batch)
+    ema_update(averaged_weights(self.ema_model), averaged_weights(self.model),
+               self.cfg.optimizer.ema_decay, self.iterations)
+    return loss
+
+  def _state(self):
+    state = super()._state()
+    return state + [c for v in averaged_weights(self.ema_model)
+                    for c in self.strategy.experimental_local_results(v.value)]
+
+  def eval_step(self, batch):
+    logits = self.ema_model(batch["image"], training=False)
+    correct = tf.cast(tf.argmax(logits, -1, output_type=tf.int32) == batch["label"], tf.float32)
+    mask = batch["mask"]
+    return tf.stack([tf.reduce_sum(correct * mask), tf.reduce_sum(mask)])
+
+
+def make_trainer(cfg, ctx):
+  return EfficientNetTrainer(cfg, ctx)
