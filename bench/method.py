@@ -11,6 +11,7 @@ import json
 import statistics
 import subprocess
 import sys
+import time
 
 
 def add_repeats_arg(parser, default=5):
@@ -66,3 +67,75 @@ def subprocess_rate(script: str, worker: str, flags, env) -> float:
   if proc.returncode or not lines:
     raise SystemExit(f"{worker} failed:\n{proc.stderr[-2000:]}")
   return json.loads(lines[-1])["samples_per_s"]
+
+
+def backend_env(kind: str) -> dict:
+  """The environment of a worker: KERAS_BACKEND for 'keras-jax' / 'keras-tf' peers."""
+  import os
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+  if kind == "keras-jax":
+    env["KERAS_BACKEND"] = "jax"
+  elif kind == "keras-tf":
+    env["KERAS_BACKEND"] = "tensorflow"
+  return env
+
+
+def keras_train_rate(model, optimizer, batch: int, image_size: int, classes: int,
+                     steps: int) -> float:
+  """Samples/s of Keras' own compiled train step (train_on_batch, jit_compile) on one fixed
+  random batch, timed after two warm-up steps, synced once at the end."""
+  import keras
+  import numpy as np
+  model.compile(optimizer=optimizer,
+                loss=keras.losses.SparseCategoricalCrossentropy(from_logits=False),
+                jit_compile=True)
+  rng = np.random.default_rng(0)
+  x = rng.normal(size=(batch, image_size, image_size, 3)).astype("float32")
+  y = rng.integers(0, classes, batch)
+  model.train_on_batch(x, y)                           # compile
+  model.train_on_batch(x, y)
+  start = time.perf_counter()
+  for _ in range(steps):
+    loss = model.train_on_batch(x, y)
+  float(np.asarray(loss).ravel()[0])                   # sync
+  return steps * batch / (time.perf_counter() - start)
+
+
+def trainer_rate(trainer, batch: int, steps: int) -> float:
+  """Samples/s of one of our trainers on its synthetic data, timed after init and one call."""
+  trainer.init()
+  trainer.train(1)                                     # first call: data setup, warm caches
+  start = time.perf_counter()
+  trainer.train(steps)                                 # returns after its one host sync
+  return steps * batch / (time.perf_counter() - start)
+
+
+def vs_keras_main(script: str, doc: str, model_name: str, ours, keras_peer):
+  """The command line of a `<model>_vs_keras.py` bench: four sides, ours and the
+  keras.applications peer on each backend, each in its own process (`--worker`), interleaved;
+  ours(framework, batch, image_size, steps) and keras_peer(batch, image_size, steps) return
+  samples/s."""
+  import argparse
+  p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+  p.add_argument("--batch", type=int, default=32)
+  p.add_argument("--image-size", type=int, default=224)
+  p.add_argument("--steps", type=int, default=10)
+  p.add_argument("--worker", choices=["ours-tf", "ours-jax", "keras-tf", "keras-jax"])
+  add_repeats_arg(p)
+  args = p.parse_args()
+  if args.worker:
+    if args.worker.startswith("ours"):
+      value = ours(args.worker.split("-")[1], args.batch, args.image_size, args.steps)
+    else:
+      value = keras_peer(args.batch, args.image_size, args.steps)
+    print(json.dumps({"samples_per_s": value}))
+    return
+  print(f"{model_name} training step, batch {args.batch}, {args.image_size}x{args.image_size}, "
+        f"{args.steps} timed steps, float32")
+  flags = ["--batch", str(args.batch), "--image-size", str(args.image_size),
+           "--steps", str(args.steps)]
+  kinds = ("ours-tf", "keras-tf", "ours-jax", "keras-jax")
+  values = interleaved({k: (lambda k=k: subprocess_rate(script, k, flags, backend_env(k)))
+                        for k in kinds}, args.repeats)
+  report(values, [("TF  (ours / keras.applications, TF backend)", "ours-tf", "keras-tf"),
+                  ("JAX (ours / keras.applications, JAX backend)", "ours-jax", "keras-jax")])

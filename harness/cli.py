@@ -63,6 +63,8 @@ def _add_workload_args(p, with_framework=True):
                  "(default: all devices on data)")
   g.add_argument("--bn-group-size", type=_positive_int, metavar="K",
                  help="data replicas whose batch-norm statistics are pooled (default: all)")
+  g.add_argument("--bn-group-samples", type=_positive_int, metavar="N",
+                 help="or: batch-norm groups of N samples (replicas = N / per-replica batch)")
   g.add_argument("--weight-update-sharding", action="store_true",
                  help="shard optimizer state and the weight update over the data replicas")
   g.add_argument("--spatial-partitions", type=_positive_int, metavar="K",
@@ -166,6 +168,7 @@ def _prepare_devices(framework, cpu_devices):
 
 
 _PARALLEL_FLAGS = {"mesh": "mesh", "bn_group_size": "bn_group_size",
+                   "bn_group_samples": "bn_group_samples",
                    "spatial_partitions": "spatial_partitions", "coordinator": "coordinator",
                    "num_processes": "num_processes", "process_id": "process_id"}
 

@@ -50,6 +50,8 @@ class ParallelConfig:
   """How a run spreads over devices and hosts; every framework runtime reads the same keys."""
   mesh: str = ""                      # "data=8", "data=4,spatial=2", "data=2,model=4"; "": all on data
   bn_group_size: int = 0              # data replicas pooling batch-norm statistics; 0: all
+  bn_group_samples: int = 0           # or: groups of this many samples (arXiv 2011.00071's
+                                      # distributed BN), replicas = samples / per-replica batch
   weight_update_sharding: bool = False   # optimizer state + update sharded over data replicas
   spatial_partitions: int = 1         # shorthand for the mesh's spatial axis (image height)
   coordinator: str = ""               # HOST:PORT of process 0, for multi-host runs
@@ -70,6 +72,10 @@ class ParallelConfig:
     from harness.config import in_range, key_of  # config imports nothing from here
     self.axes()
     in_range(self, "bn_group_size", 0, None)
+    in_range(self, "bn_group_samples", 0, None)
+    if self.bn_group_size and self.bn_group_samples:
+      raise UsageError(f"--bn-group-size {self.bn_group_size} and --bn-group-samples "
+                       f"{self.bn_group_samples} both set; allowed: one of them")
     in_range(self, "spatial_partitions", 1, None)
     in_range(self, "num_processes", 1, None)
     in_range(self, "process_id", 0, self.num_processes - 1)
@@ -121,9 +127,36 @@ class MeshShape:
     return ",".join(f"{a}={self.size(a)}" for a in AXES if a == "data" or self.size(a) > 1)
 
 
-def mesh_shape(parallel: ParallelConfig, available: int) -> MeshShape:
+def bn_group_replicas(parallel: ParallelConfig, data: int, global_batch_size: int = 0) -> int:
+  """Data replicas per batch-norm group: --bn-group-size, or --bn-group-samples over the
+  per-replica batch (tensorflow/tpu EfficientNet's DistributedBatchNormalization: at least one
+  replica, at most all), or all. A ValueError when that does not divide the data axis."""
+  group = parallel.bn_group_size or data
+  if parallel.bn_group_samples:
+    if not global_batch_size:
+      raise ValueError("--bn-group-samples needs the global batch size")
+    per_replica = global_batch_size // data
+    group = min(data, max(1, parallel.bn_group_samples // per_replica))
+    if data % group:
+      raise ValueError(f"--bn-group-samples {parallel.bn_group_samples} at {per_replica} "
+                       f"samples per replica makes groups of {group} replicas, which does not "
+                       f"divide the data axis ({data}); allowed: a multiple of {per_replica} "
+                       f"whose quotient divides {data}")
+  elif data % group:
+    raise ValueError(f"--bn-group-size {group} does not divide the data axis ({data})")
+  return group
+
+
+def bn_span(parallel: ParallelConfig, data: int, global_batch_size: int) -> int:
+  """Samples behind each batch-norm statistic (MLPerf's model_bn_span)."""
+  return bn_group_replicas(parallel, data, global_batch_size) * global_batch_size // data
+
+
+def mesh_shape(parallel: ParallelConfig, available: int, global_batch_size: int = 0
+               ) -> MeshShape:
   """The mesh of a run on `available` devices, the same for every framework runtime; a
-  ValueError (the CLI's one-line error) when it does not fit."""
+  ValueError (the CLI's one-line error) when it does not fit. `global_batch_size` resolves
+  --bn-group-samples."""
   axes = parallel.axes()
   others = math.prod(axes[a] for a in AXES if a != "data")
   data = axes["data"] or available // others
@@ -131,9 +164,7 @@ def mesh_shape(parallel: ParallelConfig, available: int) -> MeshShape:
   if needed > available or data < 1:
     spelled = ",".join(f"{a}={axes[a] or data}" for a in AXES if a == "data" or axes[a] > 1)
     raise ValueError(f"--mesh {spelled} needs {needed} devices; {available} available")
-  group = parallel.bn_group_size or data
-  if data % group:
-    raise ValueError(f"--bn-group-size {group} does not divide the data axis ({data})")
+  group = bn_group_replicas(parallel, data, global_batch_size)
   if axes["spatial"] > 1 and group != data:
     raise ValueError("--bn-group-size with --spatial-partitions > 1: grouped batch norm runs "
                      "only without spatial partitioning")
@@ -169,7 +200,7 @@ def check_fits(parallel: ParallelConfig, *, framework: str, workload: str,
     raise UsageError(str(e)) from None
   if devices is not None:
     try:
-      mesh_shape(parallel, devices)
+      mesh_shape(parallel, devices, global_batch_size)
     except ValueError as e:
       raise UsageError(f"{e} (--cpu-devices)") from None
   data = axes["data"]

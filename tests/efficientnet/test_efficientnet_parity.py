@@ -1,8 +1,9 @@
 """TF <-> JAX parity for EfficientNet in float64 (see tests/resnet/test_resnet_parity.py for why
 float64 and why 1e-9): with the flax weights copied into the Keras model, the same logits in
 eval and train mode (stochastic depth and dropout off: their masks come from different
-generators), batch statistics, loss, gradients and two TF-semantics RMSProp steps; and both
-RMSProp implementations against the numpy formula. A wrong padding, epsilon, SE width or
+generators), batch statistics, loss, gradients, two TF-semantics RMSProp steps and two steps of
+the large-batch recipe (LARS with the loss's L2 term); both RMSProp implementations against the
+numpy formula, and the LARS recipe's schedule against Keras' PolynomialDecay. A wrong padding, epsilon, SE width or
 activation shows at 1e-3 or more."""
 import jax
 import jax.numpy as jnp
@@ -16,11 +17,13 @@ from tests.conftest import rel_err
 
 from workloads.efficientnet import jax_model, jax_trainer, spec, tf_model, tf_trainer
 from workloads.optim import jax_optimizers, schedules, tf_optimizers
-from workloads.optim.configs import RmsPropConfig
+from workloads.optim.configs import LarsPolyConfig, RmsPropConfig
+from workloads.parallel import tf_layers
 
 # Width 0.25 / depth 0.25 (7 blocks: every kernel size, stride and expand ratio), 32x32.
 MODEL = spec.ModelConfig(variant="custom", width_coefficient=0.25, depth_coefficient=0.25,
-                         dropout_rate=0.0, drop_connect_rate=0.0, num_classes=5)
+                         dropout_rate=0.0, drop_connect_rate=0.0, num_classes=5,
+                         bn_momentum=0.9)
 SIZE, BATCH, TOL = 32, 6, 1e-9
 
 pytestmark = pytest.mark.usefixtures("jax_float64")     # tests/conftest.py
@@ -99,11 +102,13 @@ def _jax_loss_and_grads(flax_model, variables, batch):
 _GRAD_FNS = {}
 
 
-def _tf_loss_and_grads(keras_model, batch):
+def _tf_loss_and_grads(keras_model, batch, l2=0.0):
   with tf.GradientTape() as tape:
     logits = keras_model(batch["image"], training=True)
     loss = tf_trainer.cross_entropy_sum(logits, batch["label"], MODEL.num_classes, 0.1) / len(
         batch["label"])
+    if l2:
+      loss += tf_trainer.l2_term(keras_model, l2)
   return loss, tape.gradient(loss, keras_model.trainable_variables)
 
 
@@ -197,3 +202,54 @@ def test_ema_matches_the_numpy_formula_in_both_frameworks():
     tf_trainer.ema_update([ema_tf], [tf.constant(v)], 0.5, tf.constant(n, tf.int64))
   assert rel_err(ema_jax, expected) < TOL and rel_err(ema_tf.numpy(), expected) < TOL
   assert min((1 + 1) / 11, 0.5) < 0.5            # the num_updates cap was active
+
+
+LARS = LarsPolyConfig(lars_weight_decay=1e-3, weight_decay=1e-2, lars_eta=0.02)
+POLY = schedules.WarmupPolySchedule(base_lr=0.5, warmup_steps=0, decay_steps=3, end_lr=0.1,
+                                    power=2.0, min_decay_step=1.0)
+
+
+def test_lars_recipe_steps_on_the_model_agree(models):
+  """Two steps of the large_batch recipe: the loss's L2 term (all but batch norm, biases too)
+  in the gradient, then LARS (trust ratio and its own decay on kernels only)."""
+  flax_model, variables, batch, _ = models
+  keras_model = keras64(models)
+  tx = jax_optimizers.make_optimizer(LARS, POLY, weight_decay=LARS.lars_weight_decay)
+  params, opt_state = variables["params"], tx.init(variables["params"])
+  update = jax.jit(tx.update)
+  optimizer = tf_optimizers.make_optimizer(LARS, POLY, tf_layers.kernel_variables(keras_model),
+                                           keras_model.trainable_variables, dtype="float64",
+                                           weight_decay=LARS.lars_weight_decay)
+  paths = tf_model.flax_path_of(keras_model, variables["params"])
+  key = jax.random.key(0)          # dropout and stochastic depth are off
+  grad_fn = jax.jit(lambda p: jax_trainer.loss_and_grads(
+      flax_model.apply, p, variables["batch_stats"], batch, key, MODEL.num_classes, 0.1,
+      l2=LARS.weight_decay)[1])
+  for _ in range(2):
+    grads = grad_fn(params)
+    updates, opt_state = update(grads, opt_state, params)
+    params = optax.apply_updates(params, updates)
+    _, tf_grads = _tf_loss_and_grads(keras_model, batch, l2=LARS.weight_decay)
+    optimizer.apply(tf_grads, keras_model.trainable_variables)
+  for var in keras_model.trainable_variables:
+    assert rel_err(var.numpy().ravel(), np.ravel(_get(params, paths[id(var)]))) < TOL, \
+        paths[id(var)]
+  kernel = variables["params"]["predictions"]["kernel"]
+  assert rel_err(params["predictions"]["kernel"], kernel) > 1e-4
+
+
+def test_lars_recipe_schedule_is_tensorflow_tpus_poly():
+  """utils.build_learning_rate('poly'): linear warmup, then tf.train.polynomial_decay of
+  max(1, step - warmup) over total - warmup + 1 steps (Keras' PolynomialDecay is that op)."""
+  from harness.config import TrainConfig
+  opt = LarsPolyConfig(base_learning_rate_per_256=0.5, warmup_epochs=2.0, end_learning_rate=0.1)
+  train = TrainConfig(global_batch_size=512, max_epochs=10)
+  schedule = schedules.efficientnet_poly_for(opt, train, train_examples=5000)
+  per_epoch = 5000 / 512
+  warmup, total = int(2 * per_epoch), int(10 * per_epoch)
+  assert schedule.base_lr == 1.0 and schedule.warmup_steps == warmup == 19
+  poly = keras.optimizers.schedules.PolynomialDecay(1.0, total - warmup + 1, 0.1, power=2.0)
+  for step in range(total + 3):
+    expected = (1.0 * step / warmup if step < warmup
+                else float(poly(max(1, step - warmup))))
+    assert abs(float(schedule(step)) - expected) < 1e-6, step

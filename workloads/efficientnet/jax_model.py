@@ -57,6 +57,7 @@ class EfficientNet(nn.Module):
   dropout_rate: float
   num_classes: int = 1000
   drop_connect_rate: float = 0.2
+  bn_momentum: float = spec.BN_MOMENTUM
   dtype: Any = jnp.float32          # compute dtype; parameters stay float32
   bn_axis_name: Any = None          # mesh axis whose devices pool batch statistics (shard_map)
 
@@ -65,7 +66,7 @@ class EfficientNet(nn.Module):
     conv = functools.partial(nn.Conv, use_bias=False, padding="SAME", dtype=self.dtype,
                              kernel_init=conv_init)
     norm = functools.partial(nn.BatchNorm, use_running_average=not train,
-                             momentum=spec.BN_MOMENTUM, epsilon=spec.BN_EPSILON, dtype=self.dtype,
+                             momentum=self.bn_momentum, epsilon=spec.BN_EPSILON, dtype=self.dtype,
                              axis_name=self.bn_axis_name if train else None)
     filters = functools.partial(spec.round_filters, width_coefficient=self.width_coefficient)
     x = x.astype(self.dtype)
@@ -85,7 +86,7 @@ class EfficientNet(nn.Module):
 def from_config(model_cfg, **kw):
   m = model_cfg
   return EfficientNet(m.width_coefficient, m.depth_coefficient, m.dropout_rate, m.num_classes,
-                      m.drop_connect_rate, **kw)
+                      m.drop_connect_rate, m.bn_momentum, **kw)
 
 
 def _variant(name):

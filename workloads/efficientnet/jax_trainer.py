@@ -2,7 +2,8 @@
 (the loop and distribution: workloads/parallel/jax_trainer_base.py).
 
 What is EfficientNet's: dropout and stochastic depth need a key per step (folded from the
-step number, so a run is reproducible); TF-semantics RMSProp (optim/jax_optimizers.tf_rmsprop);
+step number, so a run is reproducible); TF-semantics RMSProp (optim/jax_optimizers.tf_rmsprop)
+or, in the large_batch recipe, LARS with the L2 term in the loss (spec.loss_l2);
 and an exponential moving average of the weights and batch-norm statistics, updated after
 every step as tf.train.ExponentialMovingAverage(decay, num_updates=step) does, which eval uses
 (rules/efficientnet.yaml: use_ema_weights).
@@ -15,7 +16,7 @@ import optax
 from flax.training import train_state
 
 from workloads.efficientnet import input_pipeline, jax_model, spec
-from workloads.optim import jax_optimizers, schedules
+from workloads.optim import jax_optimizers
 from workloads.parallel import jax_runtime
 from workloads.parallel.jax_trainer_base import MeshTrainer
 
@@ -39,18 +40,23 @@ def ema_update(ema, new, decay, step):
   return jax.tree.map(lambda e, v: d * e + (1 - d) * v, ema, new)
 
 
-def loss_and_grads(apply_fn, params, batch_stats, batch, key, num_classes, label_smoothing):
+def loss_and_grads(apply_fn, params, batch_stats, batch, key, num_classes, label_smoothing,
+                   l2=0.0):
+  """`l2`: the weight of the loss's L2 term (the LARS recipe's; RMSProp's is in the optimizer)."""
   def loss_fn(p):
     logits, updates = apply_fn({"params": p, "batch_stats": batch_stats}, batch["image"],
                                train=True, mutable=["batch_stats"], rngs={"dropout": key})
-    return cross_entropy(logits, batch["label"], num_classes, label_smoothing), updates
+    loss = cross_entropy(logits, batch["label"], num_classes, label_smoothing)
+    if l2:
+      loss = loss + jax_optimizers.l2_term(p, l2)
+    return loss, updates
   (loss, updates), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
   return loss, grads, updates["batch_stats"]
 
 
-def train_step(state, batch, *, runtime, num_classes, label_smoothing, ema_decay):
+def train_step(state, batch, *, runtime, num_classes, label_smoothing, ema_decay, l2):
   key = jax.random.fold_in(state.dropout_key, state.step)
-  kw = dict(num_classes=num_classes, label_smoothing=label_smoothing)
+  kw = dict(num_classes=num_classes, label_smoothing=label_smoothing, l2=l2)
   if runtime.grouped_bn:                             # per device, BN pooled over groups
     def local(params, batch_stats, local_batch):
       # each device draws its own masks for its own examples
@@ -84,9 +90,10 @@ class EfficientNetTrainer(MeshTrainer):
     super().__init__(cfg, ctx)
     self.model = jax_model.from_config(cfg.model, dtype=self.dtype,
                                        bn_axis_name="bn" if self.runtime.grouped_bn else None)
-    self.schedule = schedules.warmup_exponential_for(cfg.optimizer, cfg.train,
-                                                     self.train_examples)
-    self.tx = jax_optimizers.make_rmsprop(cfg.optimizer, self.schedule)
+    opt = cfg.optimizer
+    self.schedule = spec.schedule_for(cfg, self.train_examples)
+    self.tx = (jax_optimizers.make_optimizer(opt, self.schedule, opt.lars_weight_decay)
+               if opt.name == "lars" else jax_optimizers.make_rmsprop(opt, self.schedule))
 
   def _create_state(self, rng):
     size = self.cfg.data.image_size
@@ -105,7 +112,8 @@ class EfficientNetTrainer(MeshTrainer):
     step = functools.partial(train_step, runtime=self.runtime,
                              num_classes=self.cfg.model.num_classes,
                              label_smoothing=self.cfg.optimizer.label_smoothing,
-                             ema_decay=self.cfg.optimizer.ema_decay)
+                             ema_decay=self.cfg.optimizer.ema_decay,
+                             l2=spec.loss_l2(self.cfg))
     self.compile_steps(step, shardings)
 
   def eval_step(self, state, batch):

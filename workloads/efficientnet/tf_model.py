@@ -51,7 +51,7 @@ def efficientnet(model_cfg, image_size, dtype="float32", runtime=None):
   """dtype 'mixed_bfloat16' computes in bf16 with float32 variables; 'float64' (parity tests).
   `runtime`: a distributed tf_runtime.StrategyRuntime, or None for one replica."""
   m = model_cfg
-  lay = tf_layers.RuntimeLayers(runtime, dtype, bn_momentum=spec.BN_MOMENTUM,
+  lay = tf_layers.RuntimeLayers(runtime, dtype, bn_momentum=m.bn_momentum,
                                 bn_epsilon=spec.BN_EPSILON)
   io_dtype = "float64" if dtype == "float64" else "float32"
   inputs = keras.Input((image_size, image_size, 3), dtype=io_dtype)

@@ -2,14 +2,16 @@
 driver's Trainer API (the loop and distribution: workloads/parallel/tf_trainer_base.py).
 
 What is EfficientNet's: the model (batch norm across replica groups), TF-semantics RMSProp
-with the L2 term off batch norm, the label-smoothed loss, and a second Keras model holding the
+with the L2 term off batch norm (or, in the large_batch recipe, LARS with that L2 term in
+the loss), the label-smoothed loss, and a second Keras model holding the
 exponential moving average of the weights and batch-norm statistics (updated after every step
 as tf.train.ExponentialMovingAverage(decay, num_updates=step) does), which eval runs.
 """
 import tensorflow as tf
 
 from workloads.efficientnet import input_pipeline, spec, tf_model
-from workloads.optim import schedules, tf_optimizers
+from workloads.optim import tf_optimizers
+from workloads.parallel import tf_layers
 from workloads.parallel.tf_trainer_base import StrategyTrainer
 
 
@@ -18,6 +20,14 @@ def cross_entropy_sum(logits, labels, num_classes, label_smoothing):
   targets = tf.one_hot(labels, num_classes, dtype=logits.dtype)
   targets = targets * (1.0 - label_smoothing) + label_smoothing / num_classes
   return tf.reduce_sum(tf.nn.softmax_cross_entropy_with_logits(targets, logits))
+
+
+def l2_term(model, weight_decay):
+  """weight_decay * sum(tf.nn.l2_loss(v)) over every trainable variable but batch norm's, as the
+  tensorflow/tpu EfficientNet loss adds it (jax_optimizers.l2_term)."""
+  bn = {id(v) for v in tf_model.batch_norm_variables(model)}
+  return weight_decay * tf.add_n([tf.nn.l2_loss(v) for v in model.trainable_variables
+                                  if id(v) not in bn])
 
 
 def ema_update(ema_vars, new_values, decay, step):
@@ -41,14 +51,7 @@ class EfficientNetTrainer(StrategyTrainer):
 
   def __init__(self, cfg, ctx):
     super().__init__(cfg, ctx)
-    if self.runtime.distributed:
-      # Not yet: a tiny run over 8 logical CPUs hung (the moving-average update of mirrored
-      # variables under strategy.run is the suspect); refuse rather than hang.
-      raise ValueError("efficientnet --framework tf runs on one replica for now (its moving "
-                       "average under tf.distribute is not done); use --framework jax for "
-                       "several devices")
-    self.schedule = schedules.warmup_exponential_for(cfg.optimizer, cfg.train,
-                                                     self.train_examples)
+    self.schedule = spec.schedule_for(cfg, self.train_examples)
 
   def make_model(self, runtime):
     model = tf_model.efficientnet(self.cfg.model, self.cfg.data.image_size, dtype=self.dtype,
@@ -60,8 +63,14 @@ class EfficientNetTrainer(StrategyTrainer):
     return model
 
   def make_optimizer(self):
-    optimizer = tf_optimizers.make_rmsprop(self.cfg.optimizer, self.schedule,
-                                           tf_model.batch_norm_variables(self.model))
+    opt = self.cfg.optimizer
+    if opt.name == "lars":
+      optimizer = tf_optimizers.make_optimizer(
+          opt, self.schedule, tf_layers.kernel_variables(self.model),
+          self.model.trainable_variables, weight_decay=opt.lars_weight_decay)
+    else:
+      optimizer = tf_optimizers.make_rmsprop(opt, self.schedule,
+                                             tf_model.batch_norm_variables(self.model))
     return optimizer, optimizer.learning_rate_schedule
 
   def loss_and_grads(self, batch):
@@ -70,6 +79,8 @@ class EfficientNetTrainer(StrategyTrainer):
       logits = self.model(batch["image"], training=True)
       loss = cross_entropy_sum(logits, batch["label"], cfg.model.num_classes,
                                cfg.optimizer.label_smoothing) / cfg.train.global_batch_size
+      if spec.loss_l2(cfg):   # each replica's share: the sum over replicas is the term once
+        loss += l2_term(self.model, spec.loss_l2(cfg)) / self.runtime.num_replicas
     return loss, tape.gradient(loss, self.model.trainable_variables)
 
   def _train_step(self, batch):

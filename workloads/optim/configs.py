@@ -96,3 +96,41 @@ class RmsPropConfig:
     in_range(self, "weight_decay", 0.0, None)
     for field in ("decay_factor", "decay", "momentum", "label_smoothing", "ema_decay"):
       in_range(self, field, 0.0, 1.0)
+
+
+@dataclasses.dataclass
+class LarsPolyConfig:
+  """LARS with linear warmup then polynomial decay, as tensorflow/tpu EfficientNet runs it for
+  "Training EfficientNets at Supercomputer Scale" (arXiv 2011.00071): main.py --optimizer=lars
+  --lr_schedule=poly, utils.build_learning_rate / build_optimizer, lars_optimizer.py. The LARS
+  update is MLPerf's (jax_optimizers.mlperf_lars: trust ratio and LARS weight decay on kernels
+  only, as the reference's skip list 'batch_normalization', 'bias', 'beta', 'gamma'); the
+  reference also keeps its L2 term in the loss (`weight_decay`, every variable but batch norm's),
+  so the gradient LARS sees already holds wd * w."""
+  name: str = "lars"
+  base_learning_rate_per_256: float = 0.016  # lr = this x global batch / 256 (main.py)
+  warmup_epochs: float = 5.0                 # linear from 0 (main.py lr_warmup_epochs)
+  end_learning_rate: float = 0.1             # absolute, not scaled (utils.py, fixed there)
+  decay_poly_power: float = 2.0              # (utils.py, fixed there)
+  lars_weight_decay: float = 1e-5            # inside LARS (main.py lars_weight_decay)
+  weight_decay: float = 1e-5                 # the loss's L2 term (main.py weight_decay)
+  momentum: float = 0.9                      # (utils.build_optimizer)
+  lars_eta: float = 0.001                    # trust coefficient (lars_optimizer.py eeta)
+  lars_epsilon: float = 0.0                  # (main.py lars_epsilon)
+  label_smoothing: float = 0.1
+  ema_decay: float = 0.9999                  # moving average for eval, as with RMSProp
+
+  def summary(self) -> str:
+    return (f"lars (lr {self.base_learning_rate_per_256} x batch/256, warmup "
+            f"{self.warmup_epochs} epochs, poly power {self.decay_poly_power} to "
+            f"{self.end_learning_rate}, LARS wd {self.lars_weight_decay}, L2 {self.weight_decay}, "
+            f"momentum {self.momentum}, eta {self.lars_eta}, EMA {self.ema_decay})")
+
+  def validate(self):
+    one_of(self, "name", ("lars",))
+    positive(self, "base_learning_rate_per_256", "decay_poly_power", "lars_eta")
+    for field in ("warmup_epochs", "end_learning_rate", "lars_weight_decay", "weight_decay",
+                  "lars_epsilon"):
+      in_range(self, field, 0.0, None)
+    for field in ("momentum", "label_smoothing", "ema_decay"):
+      in_range(self, field, 0.0, 1.0)

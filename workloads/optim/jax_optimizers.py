@@ -150,12 +150,14 @@ def make_lamb(lamb_cfg, schedule) -> optax.GradientTransformation:
                      lamb_cfg.beta_1, lamb_cfg.beta_2, lamb_cfg.epsilon, lamb_cfg.clip_norm)
 
 
-def make_optimizer(opt_cfg, schedule) -> optax.GradientTransformation:
+def make_optimizer(opt_cfg, schedule, weight_decay=None) -> optax.GradientTransformation:
+  """MLPerf LARS or SGD; `weight_decay`: their decay when it is not `opt_cfg.weight_decay`
+  (configs.LarsPolyConfig's lars_weight_decay: there weight_decay is the loss's L2 term)."""
   lr = lambda step: schedule(step, ops=jnp)
+  decay = opt_cfg.weight_decay if weight_decay is None else weight_decay
   if opt_cfg.name == "lars":
-    return mlperf_lars(lr, opt_cfg.weight_decay, opt_cfg.momentum, opt_cfg.lars_eta,
-                       opt_cfg.lars_epsilon)
-  return sgd_momentum(lr, opt_cfg.weight_decay, opt_cfg.momentum)
+    return mlperf_lars(lr, decay, opt_cfg.momentum, opt_cfg.lars_eta, opt_cfg.lars_epsilon)
+  return sgd_momentum(lr, decay, opt_cfg.momentum)
 
 
 # ----------------------------------------------------------------------------- RMSProp
@@ -210,6 +212,15 @@ def tf_rmsprop(learning_rate: Callable, decay: float = 0.9, momentum: float = 0.
 def make_rmsprop(opt_cfg, schedule) -> optax.GradientTransformation:
   return tf_rmsprop(lambda step: schedule(step, ops=jnp), opt_cfg.decay, opt_cfg.momentum,
                     opt_cfg.epsilon, opt_cfg.weight_decay)
+
+
+def l2_term(params, weight_decay: float, mask=not_batch_norm):
+  """weight_decay * sum(w^2) / 2 over the masked parameters (tf.nn.l2_loss, as the
+  tensorflow/tpu EfficientNet loss adds it)."""
+  decayed = mask(params) if callable(mask) else mask
+  leaves = [jnp.sum(jnp.square(w.astype(jnp.float32))) for w, d in
+            zip(jax.tree.leaves(params), jax.tree.leaves(decayed)) if d]
+  return 0.5 * weight_decay * sum(leaves)
 
 
 def ema_decay(decay: float, step):

@@ -16,17 +16,21 @@ class WarmupPolySchedule:
 
   lr(step) = base_lr * step / warmup_steps                        for step < warmup_steps
            = end_lr + (base_lr - end_lr) * (1 - t) ** power       after, t = (step - warmup) / decay
+
+  tensorflow/tpu EfficientNet counts the decay from max(step - warmup, 1) (`min_decay_step` 1).
   """
   base_lr: float
   warmup_steps: int
   decay_steps: int
   end_lr: float
   power: float
+  min_decay_step: float = 0.0
 
   def __call__(self, step, ops=np):
     step = step * 1.0
     warmup = self.base_lr * step / max(self.warmup_steps, 1)
-    progress = ops.minimum(ops.maximum(step - self.warmup_steps, 0.0) / max(self.decay_steps, 1), 1.0)
+    since = ops.maximum(step - self.warmup_steps, self.min_decay_step)
+    progress = ops.minimum(since / max(self.decay_steps, 1), 1.0)
     decayed = self.end_lr + (self.base_lr - self.end_lr) * (1.0 - progress) ** self.power
     return ops.where(step < self.warmup_steps, warmup, decayed)
 
@@ -44,6 +48,20 @@ def warmup_poly_for(opt_cfg, train_cfg, train_examples: int) -> WarmupPolySchedu
   return WarmupPolySchedule(base_lr=opt_cfg.base_learning_rate, warmup_steps=warmup_steps,
                             decay_steps=max(total_steps - warmup_steps, 1),
                             end_lr=opt_cfg.end_learning_rate, power=opt_cfg.decay_poly_power)
+
+
+def efficientnet_poly_for(opt_cfg, train_cfg, train_examples: int) -> WarmupPolySchedule:
+  """tensorflow/tpu EfficientNet's 'poly' schedule (utils.build_learning_rate): the base rate
+  scales with the batch, warmup int(epochs x steps per epoch) steps with a float steps per
+  epoch, then tf.train.polynomial_decay(lr, max(1, step - warmup), total - warmup + 1,
+  end_lr, power)."""
+  per_epoch = train_examples / train_cfg.global_batch_size
+  warmup_steps = int(opt_cfg.warmup_epochs * per_epoch)
+  total_steps = int(train_cfg.max_epochs * per_epoch)
+  return WarmupPolySchedule(
+      base_lr=opt_cfg.base_learning_rate_per_256 * train_cfg.global_batch_size / 256,
+      warmup_steps=warmup_steps, decay_steps=max(total_steps - warmup_steps + 1, 1),
+      end_lr=opt_cfg.end_learning_rate, power=opt_cfg.decay_poly_power, min_decay_step=1.0)
 
 
 @dataclasses.dataclass(frozen=True)

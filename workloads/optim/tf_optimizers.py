@@ -120,9 +120,13 @@ def momentum_update(w, g, v, lr, decayed, norm, *, decay, momentum, lars, eta, e
   return w - lr * new_v, new_v
 
 
-def make_optimizer(opt_cfg, schedule, decayed_variables, all_variables, dtype="float32"):
-  """`dtype`: the learning rate's (float64 for float64 variables)."""
-  optimizer = MLPerfMomentum(KerasSchedule(schedule, dtype), decay=opt_cfg.weight_decay,
+def make_optimizer(opt_cfg, schedule, decayed_variables, all_variables, dtype="float32",
+                   weight_decay=None):
+  """`dtype`: the learning rate's (float64 for float64 variables); `weight_decay`: LARS' or
+  SGD's decay when it is not `opt_cfg.weight_decay` (configs.LarsPolyConfig's
+  lars_weight_decay)."""
+  decay = opt_cfg.weight_decay if weight_decay is None else weight_decay
+  optimizer = MLPerfMomentum(KerasSchedule(schedule, dtype), decay=decay,
                              momentum=opt_cfg.momentum, lars=opt_cfg.name == "lars",
                              eta=opt_cfg.lars_eta, epsilon=opt_cfg.lars_epsilon)
   decayed = {id(v) for v in decayed_variables}

@@ -34,10 +34,10 @@ def initialize_multihost(parallel):
 
 
 class MeshRuntime:
-  def __init__(self, parallel):
+  def __init__(self, parallel, global_batch_size=0):
     initialize_multihost(parallel)
     devices = jax.devices()
-    self.shape = shape = mesh_lib.mesh_shape(parallel, len(devices))
+    self.shape = shape = mesh_lib.mesh_shape(parallel, len(devices), global_batch_size)
     unsupported = [a for a in mesh_lib.AXES if shape.size(a) > 1 and a not in PHYSICAL]
     if unsupported:
       raise ValueError(f"--mesh axis {unsupported[0]}: the jax runtime does not run it yet; "

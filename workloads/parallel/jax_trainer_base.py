@@ -67,7 +67,8 @@ class MeshTrainer:
   # ------------------------------------------------------------------ shared
   def __init__(self, cfg, ctx):
     self.cfg, self.ctx = cfg, ctx
-    self.runtime = runtime = jax_runtime.MeshRuntime(cfg.parallel)
+    self.runtime = runtime = jax_runtime.MeshRuntime(cfg.parallel,
+                                                         cfg.train.global_batch_size)
     spec = self.spec_module.SPEC
     mesh.check_workload_axes(runtime.shape, spec.name, spec.mesh_axes)
     self.num_devices = runtime.num_devices

@@ -84,6 +84,13 @@ def same_padding(size, kernel, stride):
 keras.saving.register_keras_serializable("harness")(CrossReplicaBatchNorm)
 
 
+def kernel_variables(model):
+  """The weights LARS decays and trust-ratios: conv, depthwise-conv and dense kernels, found
+  by layer role, not by matching names (biases and batch norm are left out)."""
+  kinds = (layers.Conv2D, layers.DepthwiseConv2D, layers.Dense)
+  return [layer.kernel for layer in model.layers if isinstance(layer, kinds)]
+
+
 class RuntimeLayers:
   """The layers of a conv net that change when it runs across replicas, for every conv-net
   workload (ResNet, SSD's backbone, EfficientNet): batch norm pooled over replica groups,

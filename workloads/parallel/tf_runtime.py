@@ -79,7 +79,7 @@ def _mirrored_strategy(devices):
 
 
 class StrategyRuntime:
-  def __init__(self, parallel):
+  def __init__(self, parallel, global_batch_size=0):
     self.parallel = parallel
     self.process_index, self.process_count = parallel.process_id, parallel.num_processes
     if parallel.num_processes > 1:
@@ -99,7 +99,7 @@ class StrategyRuntime:
       devices = [d.name for d in tf.config.list_logical_devices("GPU")
                  or tf.config.list_logical_devices("CPU")]
       available = len(devices)
-    self.shape = shape = mesh_lib.mesh_shape(parallel, available)
+    self.shape = shape = mesh_lib.mesh_shape(parallel, available, global_batch_size)
     unsupported = [a for a in mesh_lib.AXES if shape.size(a) > 1 and a not in SUPPORTED_AXES]
     if unsupported:
       raise ValueError(f"--mesh axis {unsupported[0]}: the tf runtime does not run it yet; "

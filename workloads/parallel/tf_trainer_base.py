@@ -65,7 +65,8 @@ class StrategyTrainer:
   # ------------------------------------------------------------------ shared
   def __init__(self, cfg, ctx):
     self.cfg, self.ctx = cfg, ctx
-    self.runtime = rt = tf_runtime.StrategyRuntime(cfg.parallel)
+    self.runtime = rt = tf_runtime.StrategyRuntime(cfg.parallel,
+                                                          cfg.train.global_batch_size)
     spec = self.spec_module.SPEC
     mesh.check_workload_axes(rt.shape, spec.name, spec.mesh_axes)
     self.strategy = rt.strategy

@@ -2,7 +2,7 @@
 import dataclasses
 import os
 
-from harness import cadence, rules
+from harness import cadence, mesh, rules
 from harness.config import TrainConfig, in_range, key_of, one_of, positive
 from harness.errors import UsageError
 from harness.mesh import ParallelConfig
@@ -178,9 +178,8 @@ SPEC = WorkloadSpec(
     mllog_hyperparameters=mllog_hyperparameters,
     # Samples per batch-norm statistic: group size x per-replica batch (all replicas: the
     # global batch, which plain jit over a data-sharded batch computes).
-    bn_span=lambda cfg, data_replicas: (
-        (cfg.parallel.bn_group_size or data_replicas)
-        * cfg.train.global_batch_size // data_replicas),
+    bn_span=lambda cfg, data_replicas: mesh.bn_span(cfg.parallel, data_replicas,
+                                                     cfg.train.global_batch_size),
     mesh_axes=("data", "spatial"),
     split_dims=lambda cfg: {"height": cfg.data.image_size},
     param_axes=PARAM_AXES,
