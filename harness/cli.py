@@ -48,10 +48,11 @@ def _add_workload_args(p, with_framework=True):
   p.add_argument("workload", help=f"one of: {', '.join(registry.names())}")
   if with_framework:
     p.add_argument("--framework", default="jax", choices=config_lib.FRAMEWORKS)
-  p.add_argument("--preset", default="mini", choices=config_lib.PRESETS,
-                 help="mini: scaled-down model on generated data (default); reference: the "
-                      "MLPerf recipe on the real dataset; synthetic: throughput on random data; "
-                      "tiny: the smallest config (tests)")
+  p.add_argument("--preset", default="mini",
+                 help="every workload has mini: scaled-down model on generated data (default); "
+                      "reference: the MLPerf recipe on the real dataset; synthetic: throughput "
+                      "on random data; tiny: the smallest config (tests); some have more "
+                      "(`list` shows each workload's)")
   p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                  help="override a config value, e.g. train.global_batch_size=128 (repeatable)")
   p.add_argument("--cpu-devices", type=_positive_int, metavar="N",
@@ -248,7 +249,7 @@ def cmd_run(args):
 
 def cmd_list(_):
   print("frameworks: " + ", ".join(config_lib.FRAMEWORKS))
-  print("presets:    " + ", ".join(config_lib.PRESETS))
+  print("presets:    " + ", ".join(config_lib.PRESETS) + " (every workload; some have more)")
   print("workloads:")
   for name in registry.names():
     spec = registry.get(name)

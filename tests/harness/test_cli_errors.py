@@ -8,7 +8,7 @@ from tests.conftest import ROOT
 BAD_INPUTS = [
     (["run", "resnet5"], "unknown workload 'resnet5'"),
     (["run", "resnet50", "--framework", "torch"], "invalid choice: 'torch'"),
-    (["run", "resnet50", "--preset", "huge"], "invalid choice: 'huge'"),
+    (["run", "resnet50", "--preset", "huge"], "unknown preset 'huge' for resnet50"),
     (["train", "resnet50"], "invalid choice: 'train'"),
     ([], "a command is required"),
     (["run", "resnet50", "--set", "train.batch=3"], "train.batch: no such key"),
@@ -43,6 +43,7 @@ BAD_INPUTS = [
     (["run", "resnet50", "--mesh", "gpu=2"], "bad axis 'gpu=2'"),
     (["run", "resnet50", "--mesh", "data=3"], "not divisible by the data axis (3)"),
     (["run", "resnet50", "--mesh", "data=8", "--bn-group-size", "3"], "does not divide the data axis (8)"),
+    (["run", "efficientnet", "--cpu-devices", "8", "--bn-group-samples", "24"], "--bn-group-samples 24 at 8 samples per replica makes groups of 3 replicas, which does not divide the data axis (8)"),
     (["run", "resnet50", "--spatial-partitions", "3"], "does not divide the height size 32"),
     (["run", "resnet50", "--set", "train.target=25"], "train.target=25.0 is out of range for top1_accuracy (fraction); allowed: 0 < target < 1"),
     (["run", "bert", "--set", "optimizer.epsilon=0"], "optimizer.epsilon=0.0 is out of range"),

@@ -188,6 +188,16 @@ def mini() -> EfficientNetConfig:
                         target=0.90, precision="float32"))
 
 
+def mini_large_batch() -> EfficientNetConfig:
+  """The mini model and data with the large_batch recipe's kind of training: LARS with warmup
+  and polynomial decay (here to 0), the loss's L2 term, batch norm over groups of 32 samples."""
+  cfg = mini()
+  cfg.optimizer = LarsPolyConfig(base_learning_rate_per_256=8.0, warmup_epochs=1.0,
+                                 end_learning_rate=0.0, ema_decay=0.9)
+  cfg.parallel.bn_group_samples = 32
+  return cfg
+
+
 def tiny() -> EfficientNetConfig:
   """Every code path at the smallest size (the contract test's)."""
   cfg = mini()
@@ -272,8 +282,8 @@ SPEC = WorkloadSpec(
     mlperf_benchmark="efficientnet",
     title="EfficientNet-B0 on ImageNet (not an MLPerf benchmark)",
     metric=TOP1,
-    presets={"mini": mini, "reference": reference, "large_batch": large_batch,
-             "synthetic": synthetic, "tiny": tiny},
+    presets={"mini": mini, "mini_large_batch": mini_large_batch, "reference": reference,
+             "large_batch": large_batch, "synthetic": synthetic, "tiny": tiny},
     trainer_modules={"jax": "workloads.efficientnet.jax_trainer",
                      "tf": "workloads.efficientnet.tf_trainer"},
     mllog_hyperparameters=mllog_hyperparameters,
@@ -283,6 +293,7 @@ SPEC = WorkloadSpec(
     mesh_axes=("data",),
     param_axes=PARAM_AXES,
     missing_data=missing_data,
+    needs_data_dir=("reference", "large_batch"),
     data_dir_contents=("a tensorflow-datasets data dir holding a prepared imagenet2012/ "
                        "(tfds build imagenet2012 --data_dir DIR, ILSVRC2012 tars in "
                        "DIR/downloads/manual)"),
