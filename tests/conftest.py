@@ -8,8 +8,11 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARED_RESULTS = os.path.join(os.path.dirname(ROOT), "shared", "mlperf_results", "training_v0.7")
 
-# In-process JAX tests see 8 simulated CPU devices (set before anything imports jax).
-USER_XLA_FLAGS = os.environ.get("XLA_FLAGS", "")
+# In-process JAX tests see 8 simulated CPU devices (set before anything imports jax). The
+# user's own flags are kept aside for the subprocesses a user would start: pytest-xdist's
+# workers inherit the controller's environment, flag included, so they read them from there.
+USER_XLA_FLAGS = os.environ.setdefault("HARNESS_TEST_USER_XLA_FLAGS",
+                                       os.environ.get("XLA_FLAGS", ""))
 os.environ["XLA_FLAGS"] = USER_XLA_FLAGS + " --xla_force_host_platform_device_count=8"
 # ... and TF ones 8 logical CPU devices (fixed before TensorFlow runs its first op).
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")

@@ -1,6 +1,7 @@
 """The driver's cadence, stopping and logging, with a scripted trainer (no framework needed),
 and the logs it writes checked by the official compliance checker."""
 import json
+import re
 import math
 
 import pandas as pd
@@ -106,23 +107,34 @@ def test_steps_per_loop_splits_blocks_for_progress(tmp_path):
 
 
 def test_efficientnet_rule_file_runs_in_the_official_checker(tmp_path):
-  row, _, _ = _run(tmp_path, ScriptedTrainer([0.5, 0.8, 0.91]))
+  """rules/efficientnet_compliance.yaml in the official engine, on a log the driver writes for
+  EfficientNet (its recipe's keys included)."""
+  from workloads.efficientnet import spec as eff_spec
+  cfg = eff_spec.mini()
+  cfg.train.max_epochs = 3
+  opts = driver.RunOptions(framework="jax", preset="mini", seed=7,
+                           results_path=str(tmp_path / "r.csv"), log_dir=str(tmp_path / "logs"))
+  row = driver.run_all(eff_spec.SPEC, cfg, opts,
+                       lambda seed: ScriptedTrainer([0.5, 0.8, 0.91], metric="top1_accuracy"))[0]
+  assert row.status == "success"
   text = open(row.log_path).read()
   open_log = tmp_path / "eff_open.log"
-  open_log.write_text(text.replace('"value": "resnet"', '"value": "efficientnet"'))
+  open_log.write_text(text)
   assert compliance.check(str(open_log))[0]
   closed = tmp_path / "eff_closed.log"           # closed division: 0.91 >= 0.763 passes ...
-  closed.write_text(open_log.read_text().replace('"value": "open"', '"value": "closed"'))
+  closed.write_text(text.replace('"value": "open"', '"value": "closed"'))
   assert compliance.check(str(closed))[0]
-  low = tmp_path / "eff_low.log"                 # ... and a best accuracy below it fails
-  low.write_text(closed.read_text().replace('"value": 0.91', '"value": 0.7').replace(
-      '"value": 0.8,', '"value": 0.7,'))
-  passed, report = compliance.check(str(low))
-  assert not passed and "FAILED" in report
-  perfect = tmp_path / "resnet_perfect.log"      # the checker rejects an accuracy of 1.0
-  perfect.write_text(text.replace('"value": 0.5,', '"value": 1.0,').replace(
-      '"value": 0.8,', '"value": 1.0,').replace('"value": 0.91,', '"value": 1.0,'))
-  assert not compliance.check(str(perfect))[0]
+  def with_accuracies(source, path, value):
+    lines = [re.sub(r'"value": [0-9.]+', f'"value": {value}', l) if '"eval_accuracy"' in l
+             else l for l in source.splitlines(True)]
+    path.write_text("".join(lines))
+    return str(path)
+  passed, report = compliance.check(with_accuracies(closed.read_text(), tmp_path / "low", 0.7))
+  assert not passed, report                      # ... and a best accuracy below it fails
+  assert not compliance.check(with_accuracies(text, tmp_path / "perfect", 1.0))[0]   # not 1.0
+  short = tmp_path / "eff_short.log"             # the RMSProp recipe without one of its keys
+  short.write_text("".join(l for l in text.splitlines(True) if '"opt_rmsprop_epsilon"' not in l))
+  assert not compliance.check(str(short))[0]
 
 
 def test_sample_blocks_round_eval_points_up_to_whole_batches():

@@ -90,6 +90,16 @@ def test_data_parallel_global_bn_equals_one_device(data_parallel, single_device)
   assert_trees_close(params_of(data_parallel), single_device)
 
 
+def test_describe_counts_the_whole_step_on_any_device_count(data_parallel, single_trainer):
+  """XLA's cost analysis of a partitioned step is per device; describe's FLOPs per example (and
+  so MFU) must not shrink 8x on 8 devices. Up to the optimizer update, which each device
+  repeats on its replica of the weights, the two count the same work."""
+  one = single_trainer.describe()["train_flops_per_example"]
+  eight = data_parallel.describe()["train_flops_per_example"]
+  print("FLOPS RATIO", eight / one)
+  assert 0.95 < eight / one < 1.3
+
+
 def test_weight_update_sharding_equals_unsharded_and_cuts_state_8x(single_device):
   sharded = trained(mesh="data=8", weight_update_sharding=True)
   assert_trees_close(params_of(sharded), single_device)

@@ -186,8 +186,9 @@ class MeshTrainer:
     params = sum(math.prod(x.shape) for x in jax.tree.leaves(self.state.params))
     cost = self._train_step.cost_analysis()
     cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+    # XLA's cost analysis of a partitioned program is one device's share: x devices for the step
     flops = float(cost.get("flops", float("nan"))) if cost else float("nan")
     return {"parameters": params,
-            "train_flops_per_example": flops / self.cfg.train.global_batch_size,
+            "train_flops_per_example": flops * self.num_devices / self.cfg.train.global_batch_size,
             "optimizer_state_bytes_per_device": jax_runtime.per_device_bytes(self.state.opt_state),
             "collectives_in_train_step": jax_runtime.count_collectives(self._train_step.as_text())}
