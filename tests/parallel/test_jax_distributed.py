@@ -96,7 +96,6 @@ def test_describe_counts_the_whole_step_on_any_device_count(data_parallel, singl
   repeats on its replica of the weights, the two count the same work."""
   one = single_trainer.describe()["train_flops_per_example"]
   eight = data_parallel.describe()["train_flops_per_example"]
-  print("FLOPS RATIO", eight / one)
   assert 0.95 < eight / one < 1.3
 
 
