@@ -116,7 +116,8 @@ class Run:
     if self.spec.bn_span:
       log.event(C.MODEL_BN_SPAN, self.spec.bn_span(cfg, trainer.data_replicas))
     for key, value in self.spec.mllog_hyperparameters(cfg, trainer.train_examples).items():
-      log.event(key, value)
+      value, metadata = value if isinstance(value, tuple) else (value, {})
+      log.event(key, value, **metadata)
 
   def _execute(self, log) -> results.ResultRow:
     cfg, trainer, opts = self.cfg, self.trainer, self.opts

@@ -8,6 +8,7 @@ _SPEC_MODULES = {
     "resnet50": "workloads.resnet.spec",
     "bert": "workloads.bert.spec",
     "efficientnet": "workloads.efficientnet.spec",
+    "transformer": "workloads.transformer.spec",
 }
 
 

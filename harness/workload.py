@@ -81,7 +81,9 @@ class WorkloadSpec:
   metric: Metric
   presets: dict[str, Callable[[], Any]]      # preset -> config tree (dataclasses)
   trainer_modules: dict[str, str]            # framework -> module with make_trainer(cfg, ctx)
-  mllog_hyperparameters: Callable[[Any, int], dict]   # (cfg, train_examples) -> {key: value}
+  # (cfg, train_examples) -> {key: value or (value, {metadata})}, e.g. MLPerf Transformer's
+  # max_sequence_length with metadata {'method': 'discard'}
+  mllog_hyperparameters: Callable[[Any, int], dict]
   bn_span: Callable[[Any, int], int] | None = None    # (cfg, num_devices) -> model_bn_span
   # Hyperparameters that follow from others (eval interval from the batch, decay steps from
   # the sample budget): filled in place after --set, only where the config leaves them 0.

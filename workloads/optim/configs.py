@@ -134,3 +134,31 @@ class LarsPolyConfig:
       in_range(self, field, 0.0, None)
     for field in ("momentum", "label_smoothing", "ema_decay"):
       in_range(self, field, 0.0, 1.0)
+
+
+@dataclasses.dataclass
+class AdamConfig:
+  """Adam and the rsqrt schedule of the MLPerf Transformer reference (retired `transformer`,
+  model_params.py / transformer_main.py): lr = base x hidden^-0.5 x min(1, step / warmup) x
+  rsqrt(max(step, warmup)). Epsilon is fixed by the rules (closed_transformer.yaml: 1e-9); the
+  update is TF's (epsilon added to sqrt(v) before the bias correction, as the reference's
+  LazyAdamOptimizer and Keras' Adam compute it)."""
+  name: str = "adam"
+  base_learning_rate: float = 2.0            # learning_rate
+  warmup_steps: int = 16_000                 # learning_rate_warmup_steps
+  beta_1: float = 0.9                        # optimizer_adam_beta1
+  beta_2: float = 0.997                      # optimizer_adam_beta2
+  epsilon: float = 1e-9                      # optimizer_adam_epsilon
+  label_smoothing: float = 0.1
+
+  def summary(self) -> str:
+    return (f"adam (base lr {self.base_learning_rate} x hidden^-0.5, rsqrt decay after "
+            f"{self.warmup_steps} warmup steps, betas {self.beta_1}/{self.beta_2}, eps "
+            f"{self.epsilon}, label smoothing {self.label_smoothing})")
+
+  def validate(self):
+    one_of(self, "name", ("adam",))
+    positive(self, "base_learning_rate", "epsilon")
+    in_range(self, "warmup_steps", 0, None)
+    for field in ("beta_1", "beta_2", "label_smoothing"):
+      in_range(self, field, 0.0, 1.0)

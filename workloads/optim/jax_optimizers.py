@@ -227,3 +227,43 @@ def ema_decay(decay: float, step):
   """tf.train.ExponentialMovingAverage(decay, num_updates=step): min(decay, (1+n)/(10+n)),
   so early averages do not remember the random initialisation for long."""
   return jnp.minimum(decay, (1.0 + step) / (10.0 + step))
+
+
+class AdamState(NamedTuple):
+  count: jax.Array
+  m: Any
+  v: Any
+
+
+def tf_adam(learning_rate: Callable, b1: float = 0.9, b2: float = 0.999, epsilon: float = 1e-7
+            ) -> optax.GradientTransformation:
+  """Adam as TF computes it (tf.raw_ops.ApplyAdam, Keras' Adam, the MLPerf Transformer's
+  LazyAdamOptimizer on dense gradients):
+
+    m = b1 * m + (1 - b1) * g;   v = b2 * v + (1 - b2) * g^2
+    w = w - lr * sqrt(1 - b2^t) / (1 - b1^t) * m / (sqrt(v) + epsilon)
+
+  optax.adam adds epsilon to the bias-corrected sqrt(v) instead; with the rules' fixed epsilon
+  1e-9 the two differ where gradients are tiny, so the TF form is the one both frameworks use.
+  """
+  def init(params):
+    zeros = lambda: jax.tree.map(jnp.zeros_like, params)
+    return AdamState(count=jnp.zeros([], jnp.int32), m=zeros(), v=zeros())
+
+  def update(grads, state, params=None):
+    del params
+    lr = learning_rate(state.count)
+    t = (state.count + 1).astype(jnp.float32)
+    m = jax.tree.map(lambda m, g: b1 * m + (1 - b1) * g, state.m, grads)
+    v = jax.tree.map(lambda v, g: b2 * v + (1 - b2) * jnp.square(g), state.v, grads)
+    alpha = lr * jnp.sqrt(1 - b2 ** t) / (1 - b1 ** t)
+    updates = jax.tree.map(lambda m, v: (-alpha * m / (jnp.sqrt(v) + epsilon)).astype(m.dtype),
+                           m, v)
+    return updates, AdamState(state.count + 1, m, v)
+
+  return optax.GradientTransformation(init, update)
+
+
+def make_adam(opt_cfg, schedule) -> optax.GradientTransformation:
+  return tf_adam(lambda step: schedule(step, ops=jnp), opt_cfg.beta_1, opt_cfg.beta_2,
+                 opt_cfg.epsilon)

@@ -119,3 +119,23 @@ def warmup_exponential_for(opt_cfg, train_cfg, train_examples: int) -> WarmupExp
       base_lr=opt_cfg.base_learning_rate_per_256 * train_cfg.global_batch_size / 256,
       warmup_steps=int(opt_cfg.warmup_epochs * per_epoch),
       decay_steps=int(opt_cfg.decay_epochs * per_epoch), decay_factor=opt_cfg.decay_factor)
+
+
+@dataclasses.dataclass(frozen=True)
+class RsqrtSchedule:
+  """The MLPerf Transformer reference's learning rate (transformer_main.get_learning_rate):
+
+  lr(step) = base_lr * hidden_size^-0.5 * min(1, step / warmup) * rsqrt(max(step, warmup))
+
+  `step` is the number of updates already applied (the reference reads TF1's global step
+  before it is incremented), so the first update has lr 0, as in the reference.
+  """
+  base_lr: float
+  hidden_size: int
+  warmup_steps: int
+
+  def __call__(self, step, ops=np):
+    step = step * 1.0
+    warmup = float(max(self.warmup_steps, 1))
+    return (self.base_lr * self.hidden_size ** -0.5 * ops.minimum(1.0, step / warmup)
+            / ops.maximum(step, warmup) ** 0.5)

@@ -262,3 +262,65 @@ def make_rmsprop(opt_cfg, schedule, excluded_variables, dtype="float32"):
                         opt_cfg.epsilon, opt_cfg.weight_decay)
   optimizer.exclude_from_weight_decay(var_list=list(excluded_variables))
   return optimizer
+
+
+class TfAdam(_Optimizer):
+  """Adam as TF's ApplyAdam (formula: jax_optimizers.tf_adam), the MLPerf Transformer
+  reference's optimizer on dense gradients. Keras' own Adam computes the same update, but it
+  has no flat rule for weight-update sharding and would re-sum the replicas' gradients."""
+
+  def __init__(self, learning_rate, beta_1=0.9, beta_2=0.999, epsilon=1e-7, name="tf_adam",
+               **kwargs):
+    super().__init__(learning_rate=learning_rate, name=name, **kwargs)
+    self.beta_1, self.beta_2, self.epsilon = beta_1, beta_2, epsilon
+
+  def build(self, var_list):
+    if self.built:
+      return
+    super().build(var_list)
+    self.moments = [self.add_variable_from_reference(v, "m") for v in var_list]
+    self.velocities = [self.add_variable_from_reference(v, "v") for v in var_list]
+
+  def update_step(self, gradient, variable, learning_rate):
+    index = self._get_variable_index(variable)
+    m, v = self.moments[index], self.velocities[index]
+    new_w, new_m, new_v = adam_update(
+        variable, ops.cast(gradient, variable.dtype), m, v,
+        ops.cast(learning_rate, variable.dtype), ops.cast(self.iterations + 1, variable.dtype),
+        **self.hyper())
+    self.assign(m, new_m)
+    self.assign(v, new_v)
+    self.assign(variable, new_w)
+
+  def hyper(self):
+    return dict(beta_1=self.beta_1, beta_2=self.beta_2, epsilon=self.epsilon)
+
+  def flat_update_rule(self):
+    hyper = self.hyper()
+
+    def rule(w, g, slots, lr, step, mask, layer_norm):
+      del mask, layer_norm
+      new_w, m, v = adam_update(w, g, slots["m"], slots["v"], lr, ops.cast(step, w.dtype),
+                                **hyper)
+      return new_w, {"m": m, "v": v}
+    return rule, ("m", "v")
+
+  def get_config(self):
+    config = super().get_config()
+    config.update(self.hyper())
+    return config
+
+
+def adam_update(w, g, m, v, lr, t, *, beta_1, beta_2, epsilon):
+  """One TF Adam step at update count t (from 1) -> (new w, m, v)."""
+  m = beta_1 * m + (1 - beta_1) * g
+  v = beta_2 * v + (1 - beta_2) * ops.square(g)
+  b1 = ops.convert_to_tensor(beta_1, w.dtype)
+  b2 = ops.convert_to_tensor(beta_2, w.dtype)
+  alpha = lr * ops.sqrt(1 - ops.power(b2, t)) / (1 - ops.power(b1, t))
+  return w - alpha * m / (ops.sqrt(v) + epsilon), m, v
+
+
+def make_adam(opt_cfg, schedule, dtype="float32"):
+  """`dtype`: the learning rate's (float64 for float64 variables)."""
+  return TfAdam(KerasSchedule(schedule, dtype), opt_cfg.beta_1, opt_cfg.beta_2, opt_cfg.epsilon)

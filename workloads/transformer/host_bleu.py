@@ -1,0 +1,25 @@
+"""The host side of the BLEU eval, shared by both trainers (framework-neutral): each gathered
+eval batch's best-beam tokens become text (the run's vocabulary) and BLEU statistics against
+the raw reference line of their 'index'; the statistics are summed over the eval set (each
+sentence once: padding rows have mask 0) and scored once at the end, since BLEU is a corpus
+score, not a mean of sentence scores."""
+import numpy as np
+
+from workloads.transformer import bleu
+
+
+def accumulate(acc, outputs, encoder, references):
+  """acc ([statistics], sentence count) plus one batch: outputs {'tokens' [B, T], 'index' [B],
+  'mask' [B]} as numpy."""
+  stats, count = acc if acc is not None else (np.zeros(bleu.NUM_STATS), 0)
+  for tokens, index, real in zip(outputs["tokens"], outputs["index"], outputs["mask"]):
+    if real:
+      hypothesis = encoder.decode_until_eos([int(t) for t in tokens])
+      stats = stats + bleu.sentence_stats(hypothesis, references[int(index)])
+      count += 1
+  return stats, count
+
+
+def finalize(acc, metric_name):
+  stats, count = acc
+  return {metric_name: bleu.bleu_from_stats(stats), "count": count}

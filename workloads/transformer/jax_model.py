@@ -1,0 +1,289 @@
+"""Transformer (big) in flax, as the MLPerf reference builds it (retired `transformer`,
+model/transformer.py, attention_layer.py, ffn_layer.py, embedding_layer.py):
+
+- one embedding matrix shared by source, target and the pre-softmax projection, initialised
+  normal(0, hidden^-0.5); lookups are zeroed at padding and scaled by sqrt(hidden);
+- sinusoidal positions (formulas.position_encoding), dropout on the embedded sum;
+- pre-LayerNorm residual blocks (x + dropout(f(LayerNorm(x)))) and a final LayerNorm on each
+  stack, epsilon 1e-6;
+- attention without biases: queries scaled by kv^-0.5, padding / causal biases of -1e9,
+  dropout on the attention weights; kernels [hidden, heads, kv] and [heads, kv, hidden],
+  Glorot-uniform over the [hidden, hidden] matrix they are (flax's DenseGeneral initialises
+  the flattened matrix);
+- ReLU feed-forward with biases and dropout after the ReLU.
+
+Decoding (`encode`, `init_cache`, `decode_step`) keeps every decoder layer's self-attention
+keys and values in a fixed-size cache written at the step's position, and the encoder-decoder
+keys and values computed once; beam search (jax_beam_search.py) tiles and reorders it.
+Parameter paths are listed with their logical axes in spec.PARAM_AXES; tf_model.py uses the
+same names.
+"""
+import functools
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from workloads.transformer import formulas
+
+PAD_ID, EOS_ID = 0, 1
+
+
+def accumulation_dtype(dtype):
+  """Softmax and logits: float32 under bf16 or float32 compute, float64 under float64."""
+  return jnp.promote_types(dtype, jnp.float32)
+
+
+def padding_bias(ids, dtype=jnp.float32):
+  """[B, 1, 1, L]: -1e9 on padding keys."""
+  return jnp.where(ids == PAD_ID, formulas.ATTENTION_MASK, 0.0).astype(dtype)[:, None, None, :]
+
+
+def causal_bias(length, dtype=jnp.float32):
+  """[1, 1, L, L]: -1e9 where a query would see a later position."""
+  allowed = np.tril(np.ones((length, length), bool))
+  return jnp.asarray(np.where(allowed, 0.0, formulas.ATTENTION_MASK), dtype)[None, None]
+
+
+class Attention(nn.Module):
+  hidden_size: int
+  num_heads: int
+  dropout: float
+  dtype: Any = jnp.float32
+
+  def setup(self):
+    kv = self.hidden_size // self.num_heads
+    dense = functools.partial(nn.DenseGeneral, features=(self.num_heads, kv), use_bias=False,
+                              kernel_init=nn.initializers.xavier_uniform(), dtype=self.dtype)
+    self.query, self.key, self.value = dense(), dense(), dense()
+    self.output = nn.DenseGeneral(self.hidden_size, axis=(-2, -1), use_bias=False,
+                                  kernel_init=nn.initializers.xavier_uniform(), dtype=self.dtype)
+    self.weights_dropout = nn.Dropout(self.dropout)
+
+  def keys_values(self, y):
+    return self.key(y), self.value(y)
+
+  def attend(self, x, k, v, bias, train):
+    """x [B, Lq, H] against k, v [B, Lk, heads, kv]; bias broadcasts to [B, heads, Lq, Lk]."""
+    q = self.query(x) * (self.hidden_size // self.num_heads) ** -0.5
+    logits = jnp.einsum("bqnh,bknh->bnqk", q, k).astype(accumulation_dtype(self.dtype)) + bias
+    weights = jax.nn.softmax(logits, axis=-1).astype(self.dtype)
+    weights = self.weights_dropout(weights, deterministic=not train)
+    return self.output(jnp.einsum("bnqk,bknh->bqnh", weights, v))
+
+  def __call__(self, x, y, bias, train):
+    k, v = self.keys_values(y)
+    return self.attend(x, k, v, bias, train)
+
+
+class FeedForward(nn.Module):
+  hidden_size: int
+  filter_size: int
+  dropout: float
+  dtype: Any = jnp.float32
+
+  def setup(self):
+    dense = functools.partial(nn.Dense, kernel_init=nn.initializers.xavier_uniform(),
+                              dtype=self.dtype)
+    self.filter, self.output = dense(self.filter_size), dense(self.hidden_size)
+    self.relu_dropout = nn.Dropout(self.dropout)
+
+  def __call__(self, x, train):
+    return self.output(self.relu_dropout(nn.relu(self.filter(x)), deterministic=not train))
+
+
+def _norm(dtype):
+  return nn.LayerNorm(epsilon=formulas.LAYER_NORM_EPSILON, dtype=dtype)
+
+
+class EncoderLayer(nn.Module):
+  cfg: Any
+  dtype: Any = jnp.float32
+
+  def setup(self):
+    c = self.cfg
+    self.self_attention = Attention(c.hidden_size, c.num_heads, c.attention_dropout, self.dtype)
+    self.self_attention_norm = _norm(self.dtype)
+    self.ffn = FeedForward(c.hidden_size, c.filter_size, c.relu_dropout, self.dtype)
+    self.ffn_norm = _norm(self.dtype)
+    self.residual_dropout = nn.Dropout(c.dropout)
+
+  def __call__(self, x, bias, train):
+    drop = lambda y: self.residual_dropout(y, deterministic=not train)
+    y = self.self_attention_norm(x)
+    x = x + drop(self.self_attention(y, y, bias, train))
+    return x + drop(self.ffn(self.ffn_norm(x), train))
+
+
+class DecoderLayer(nn.Module):
+  cfg: Any
+  dtype: Any = jnp.float32
+
+  def setup(self):
+    c = self.cfg
+    self.self_attention = Attention(c.hidden_size, c.num_heads, c.attention_dropout, self.dtype)
+    self.self_attention_norm = _norm(self.dtype)
+    self.encdec_attention = Attention(c.hidden_size, c.num_heads, c.attention_dropout,
+                                      self.dtype)
+    self.encdec_attention_norm = _norm(self.dtype)
+    self.ffn = FeedForward(c.hidden_size, c.filter_size, c.relu_dropout, self.dtype)
+    self.ffn_norm = _norm(self.dtype)
+    self.residual_dropout = nn.Dropout(c.dropout)
+
+  def _rest(self, x, encdec_k, encdec_v, encoder_bias, train):
+    drop = lambda y: self.residual_dropout(y, deterministic=not train)
+    x = x + drop(self.encdec_attention.attend(self.encdec_attention_norm(x), encdec_k,
+                                              encdec_v, encoder_bias, train))
+    return x + drop(self.ffn(self.ffn_norm(x), train))
+
+  def __call__(self, x, encoded, self_bias, encoder_bias, train):
+    drop = lambda y: self.residual_dropout(y, deterministic=not train)
+    y = self.self_attention_norm(x)
+    x = x + drop(self.self_attention(y, y, self_bias, train))
+    k, v = self.encdec_attention.keys_values(encoded)
+    return self._rest(x, k, v, encoder_bias, train)
+
+  def encdec_keys_values(self, encoded):
+    return self.encdec_attention.keys_values(encoded)
+
+  def step(self, x, i, cache, encoder_bias):
+    """One position: x [B, 1, H] at position i; cache {'k', 'v': [B, max_len, heads, kv],
+    'encdec_k', 'encdec_v'} -> (x, updated cache)."""
+    y = self.self_attention_norm(x)
+    k, v = self.self_attention.keys_values(y)
+    keys = jax.lax.dynamic_update_slice_in_dim(cache["k"], k.astype(cache["k"].dtype), i, 1)
+    values = jax.lax.dynamic_update_slice_in_dim(cache["v"], v.astype(cache["v"].dtype), i, 1)
+    visible = jnp.arange(keys.shape[1]) <= i
+    bias = jnp.where(visible, 0.0, formulas.ATTENTION_MASK).astype(
+        accumulation_dtype(self.dtype))[None, None, None, :]
+    x = x + self.self_attention.attend(y, keys, values, bias, False)
+    x = self._rest(x, cache["encdec_k"], cache["encdec_v"], encoder_bias, False)
+    return x, {**cache, "k": keys, "v": values}
+
+
+class Encoder(nn.Module):
+  cfg: Any
+  dtype: Any = jnp.float32
+
+  def setup(self):
+    for i in range(self.cfg.num_layers):
+      setattr(self, f"layer_{i}", EncoderLayer(self.cfg, self.dtype))
+    self.output_norm = _norm(self.dtype)
+
+  def __call__(self, x, bias, train):
+    for i in range(self.cfg.num_layers):
+      x = getattr(self, f"layer_{i}")(x, bias, train)
+    return self.output_norm(x)
+
+
+class Decoder(nn.Module):
+  cfg: Any
+  dtype: Any = jnp.float32
+
+  def setup(self):
+    for i in range(self.cfg.num_layers):
+      setattr(self, f"layer_{i}", DecoderLayer(self.cfg, self.dtype))
+    self.output_norm = _norm(self.dtype)
+
+  def layers(self):
+    return [getattr(self, f"layer_{i}") for i in range(self.cfg.num_layers)]
+
+  def __call__(self, x, encoded, self_bias, encoder_bias, train):
+    for layer in self.layers():
+      x = layer(x, encoded, self_bias, encoder_bias, train)
+    return self.output_norm(x)
+
+  def init_cache(self, encoded, max_decode_length):
+    """Per layer: empty self-attention keys/values for max_decode_length positions and the
+    encoder-decoder keys/values of `encoded` (computed once per sentence)."""
+    c = self.cfg
+    shape = (encoded.shape[0], max_decode_length, c.num_heads, c.hidden_size // c.num_heads)
+    cache = {}
+    for i, layer in enumerate(self.layers()):
+      k, v = layer.encdec_keys_values(encoded)
+      cache[f"layer_{i}"] = {"k": jnp.zeros(shape, k.dtype), "v": jnp.zeros(shape, v.dtype),
+                             "encdec_k": k, "encdec_v": v}
+    return cache
+
+  def step(self, x, i, cache, encoder_bias):
+    new = {}
+    for n, layer in enumerate(self.layers()):
+      x, new[f"layer_{n}"] = layer.step(x, i, cache[f"layer_{n}"], encoder_bias)
+    return self.output_norm(x), new
+
+
+class Transformer(nn.Module):
+  """__call__(inputs, targets) -> logits [B, L, V] (float32, or float64 under float64)."""
+  cfg: Any                          # spec.ModelConfig
+  dtype: Any = jnp.float32          # compute dtype; parameters stay float32
+
+  def setup(self):
+    c = self.cfg
+    self.embedding_shared = nn.Embed(c.vocab_size, c.hidden_size,
+                                     embedding_init=nn.initializers.normal(c.hidden_size ** -0.5))
+    self.encoder = Encoder(c, self.dtype)
+    self.decoder = Decoder(c, self.dtype)
+    self.embedding_dropout = nn.Dropout(c.dropout)
+
+  def _lookup(self, ids):
+    """Scaled embedding lookups, zero at padding."""
+    x = self.embedding_shared(ids).astype(self.dtype)
+    return x * (ids != PAD_ID)[..., None].astype(self.dtype) * self.cfg.hidden_size ** 0.5
+
+  def _embed(self, ids, train):
+    table = jnp.asarray(formulas.position_encoding(ids.shape[1], self.cfg.hidden_size))
+    x = self._lookup(ids) + table.astype(self.dtype)[None]
+    return self.embedding_dropout(x, deterministic=not train)
+
+  def encode(self, inputs, train=False):
+    """-> (encoder outputs [B, L, H], its attention bias [B, 1, 1, L])."""
+    bias = padding_bias(inputs, accumulation_dtype(self.dtype))
+    return self.encoder(self._embed(inputs, train), bias, train), bias
+
+  def logits(self, x):
+    return self.embedding_shared.attend(x.astype(self.dtype)).astype(
+        accumulation_dtype(self.dtype))
+
+  def __call__(self, inputs, targets, train=False):
+    encoded, encoder_bias = self.encode(inputs, train)
+    shifted = jnp.pad(targets, ((0, 0), (1, 0)))[:, :-1]      # start id 0, as the reference
+    self_bias = causal_bias(targets.shape[1], accumulation_dtype(self.dtype))
+    x = self.decoder(self._embed(shifted, train), encoded, self_bias, encoder_bias, train)
+    return self.logits(x)
+
+  # ------------------------------------------------------------------ decoding
+  def init_cache(self, encoded, max_decode_length):
+    return self.decoder.init_cache(encoded, max_decode_length)
+
+  def decode_step(self, ids, i, cache, encoder_bias):
+    """ids [B] (the token at position i) -> (logits [B, V], cache)."""
+    x = self._lookup(ids[:, None]) + _position_at(i, self.cfg.hidden_size).astype(self.dtype)[None]
+    x, cache = self.decoder.step(x, i, cache, encoder_bias)
+    return self.logits(x)[:, 0], cache
+
+
+def _position_at(i, hidden_size):
+  """formulas.position_encoding's row i (a traced position), [1, hidden_size]."""
+  half = hidden_size // 2
+  increment = np.log(1.0e4) / max(half - 1, 1)
+  inverse = jnp.asarray(np.exp(np.arange(half, dtype=np.float64) * -increment))
+  angles = jnp.asarray(i, inverse.dtype) * inverse
+  return jnp.concatenate([jnp.sin(angles), jnp.cos(angles)])[None]
+
+
+def from_config(model_cfg, dtype=jnp.float32) -> Transformer:
+  return Transformer(model_cfg, dtype)
+
+
+def smoothed_cross_entropy(logits, labels, label_smoothing):
+  """(sum of per-token losses over non-padding labels, number of non-padding labels): the
+  reference's padded_cross_entropy_loss (formulas.smoothing)."""
+  vocab = logits.shape[-1]
+  confidence, low, constant = formulas.smoothing(label_smoothing, vocab)
+  log_probs = jax.nn.log_softmax(logits, axis=-1)
+  soft = jax.nn.one_hot(labels, vocab, dtype=logits.dtype) * (confidence - low) + low
+  xent = -jnp.sum(soft * log_probs, axis=-1) - constant
+  weights = (labels != PAD_ID).astype(logits.dtype)
+  return jnp.sum(xent * weights), jnp.sum(weights)

@@ -1,0 +1,110 @@
+"""Transformer training and BLEU eval in JAX (flax + optax), behind the driver's Trainer API.
+
+The train step is the reference's: label-smoothed cross entropy over non-padding target tokens
+(summed, divided by their count over the global batch), TF-style Adam on the rsqrt schedule.
+The eval step translates a batch with beam search (compiled once, inside the eval step) and
+returns the best beam's tokens; the host turns them into text and BLEU statistics
+(`eval_on_host`: the base gathers every process's outputs, padding dropped by 'mask'), summed
+over the eval set and scored at the end, since BLEU is a corpus-level score.
+"""
+import functools
+
+import jax
+import jax.numpy as jnp
+from flax.training import train_state
+
+from workloads.optim import jax_optimizers
+from workloads.parallel.jax_trainer_base import MeshTrainer
+from workloads.transformer import host_bleu, input_pipeline, jax_beam_search, jax_model, spec
+
+START_ID = 0                       # the decoder's first input, as the reference's
+
+
+class TrainState(train_state.TrainState):
+  dropout_key: jax.Array
+
+
+def loss_fn(params, apply_fn, batch, label_smoothing, rng=None):
+  """(mean smoothed cross entropy over the batch's target tokens, token count)."""
+  train = rng is not None
+  logits = apply_fn({"params": params}, batch["inputs"], batch["targets"], train=train,
+                    rngs={"dropout": rng} if train else None)
+  total, count = jax_model.smoothed_cross_entropy(logits, batch["targets"], label_smoothing)
+  return total / jnp.maximum(count, 1.0), count
+
+
+def train_step(state, batch, *, label_smoothing, runtime):
+  rng = jax.random.fold_in(state.dropout_key, state.step)
+  (loss, _), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+      state.params, state.apply_fn, batch, label_smoothing, rng)
+  grads = runtime.constrain_update(grads)            # weight-update sharding: shard the update
+  state = state.apply_gradients(grads=grads)
+  return state.replace(params=runtime.replicate(state.params)), loss
+
+
+def translate(model, params, inputs, model_cfg):
+  """Beam search over `inputs` [B, L] -> the best beam's tokens [B, L + extra_decode_length]
+  (EOS and the zeros after it included)."""
+  apply = functools.partial(model.apply, {"params": params})
+  encoded, encoder_bias = apply(inputs, method=jax_model.Transformer.encode)
+  max_decode_length = inputs.shape[1] + model_cfg.extra_decode_length
+  cache = {"decoder": apply(encoded, max_decode_length, method=jax_model.Transformer.init_cache),
+           "encoder_bias": encoder_bias}
+
+  def symbols_to_logits(ids, i, cache):
+    logits, decoder = apply(ids, i, cache["decoder"], cache["encoder_bias"],
+                            method=jax_model.Transformer.decode_step)
+    return logits, {**cache, "decoder": decoder}
+
+  sequences, _ = jax_beam_search.beam_search(
+      symbols_to_logits, jnp.full((inputs.shape[0],), START_ID, jnp.int32), cache,
+      model_cfg.vocab_size, model_cfg.beam_size, model_cfg.alpha, max_decode_length,
+      jax_model.EOS_ID)
+  return sequences[:, 0, 1:]
+
+
+class TransformerTrainer(MeshTrainer):
+  spec_module, pipeline = spec, input_pipeline
+  eval_on_host = True
+
+  def __init__(self, cfg, ctx):
+    super().__init__(cfg, ctx)
+    self.model = jax_model.from_config(cfg.model, self.dtype)
+    self.schedule = spec.schedule_for(cfg)
+    self.tx = jax_optimizers.make_adam(cfg.optimizer, self.schedule)
+    self._eval_text = None
+
+  def init_params(self, rng):
+    ids = jnp.zeros((1, self.cfg.data.max_length), jnp.int32)
+    return self.model.init(rng, ids, ids)["params"]
+
+  def _create_state(self, rng, params=None):
+    init_key, dropout_key = jax.random.split(rng)
+    params = self.init_params(init_key) if params is None else params
+    return TrainState.create(apply_fn=self.model.apply, params=params, tx=self.tx,
+                             dropout_key=dropout_key)
+
+  def init(self):
+    rng = jax.random.key(self.ctx.seed)
+    shardings = self.state_shardings(self._create_state, rng)
+    self.state = jax.jit(self._create_state, out_shardings=shardings)(rng)
+    self.compile_steps(functools.partial(train_step, runtime=self.runtime,
+                                         label_smoothing=self.cfg.optimizer.label_smoothing),
+                       shardings)
+
+  def eval_step(self, state, batch):
+    tokens = translate(self.model, state.params, batch["inputs"], self.cfg.model)
+    return {"tokens": tokens, "index": batch["index"], "mask": batch["mask"]}
+
+  # ------------------------------------------------------------------ host-side BLEU
+  def accumulate(self, acc, outputs):
+    if self._eval_text is None:
+      self._eval_text = input_pipeline.eval_text(self.cfg, self.data_dir)
+    return host_bleu.accumulate(acc, outputs, *self._eval_text)
+
+  def finalize(self, acc):
+    return host_bleu.finalize(acc, spec.SPEC.metric.name)
+
+
+def make_trainer(cfg, ctx):
+  return TransformerTrainer(cfg, ctx)

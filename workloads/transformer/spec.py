@@ -1,0 +1,231 @@
+"""Transformer (big) on WMT En-De (MLPerf `transformer`, ruleset 0.7.0): configs and presets,
+framework-neutral.
+
+The reference (mlcommons/training, retired `transformer`, TensorFlow) trains the "big" model
+(6+6 layers, hidden 1024, 16 heads, filter 4096) with Adam and an rsqrt schedule on the
+tokenized WMT17 TFRecords its data_download.py writes, and after every epoch translates
+newstest2014 with beam search (beam 4, alpha 0.6, up to input length + 50 tokens) and scores
+uncased BLEU (compute_bleu.py) until it reaches 25.0. BLEU is logged as eval_accuracy / 100.
+
+A batch here is rows of sentence pairs padded to `data.max_length` tokens (fixed shapes: one
+compiled step); `global_batch_size` and `train_samples` count sentence pairs, and training
+pairs longer than max_length are discarded (`max_sequence_length`, method discard).
+"""
+import dataclasses
+import os
+
+from harness import cadence, rules
+from harness.config import TrainConfig, in_range, key_of, one_of, positive
+from harness.errors import UsageError
+from harness.mesh import ParallelConfig
+from harness.workload import Metric, WorkloadSpec
+from workloads.optim import schedules
+from workloads.optim.configs import AdamConfig
+from workloads.transformer import mini_corpus
+
+BLEU = Metric("bleu", "BLEU points", low=0.0, high=100.0, log_scale=0.01)
+
+
+@dataclasses.dataclass
+class ModelConfig:
+  """model_params.py TransformerBigParams, with the decoding settings of the eval."""
+  vocab_size: int = 33708             # vocab.ende.32768 holds 33,708 subtokens (pad 0, EOS 1)
+  hidden_size: int = 1024
+  num_layers: int = 6                 # in the encoder, and again in the decoder
+  num_heads: int = 16
+  filter_size: int = 4096
+  dropout: float = 0.1                # layer_postprocess_dropout (residual and embedding)
+  attention_dropout: float = 0.1
+  relu_dropout: float = 0.1
+  beam_size: int = 4
+  alpha: float = 0.6                  # length penalty ((5 + length) / 6) ** alpha
+  extra_decode_length: int = 50       # decode up to input length + this
+
+  def validate(self):
+    positive(self, "hidden_size", "num_layers", "num_heads", "filter_size", "beam_size")
+    if self.hidden_size % self.num_heads or self.hidden_size % 2:
+      raise UsageError(f"{key_of(self, 'hidden_size')}={self.hidden_size} is not allowed; "
+                       f"allowed: an even multiple of {key_of(self, 'num_heads')}="
+                       f"{self.num_heads}")
+    if self.vocab_size != 0 and self.vocab_size < 3:
+      raise UsageError(f"{key_of(self, 'vocab_size')}={self.vocab_size} is out of range; "
+                       "allowed: >= 3 (pad 0, EOS 1 and a word), or 0 with data.source=mini "
+                       "(the mini vocabulary's size)")
+    for field in ("dropout", "attention_dropout", "relu_dropout"):
+      in_range(self, field, 0.0, 0.9)
+    in_range(self, "alpha", 0.0, None)
+    in_range(self, "extra_decode_length", 1, None)
+
+
+@dataclasses.dataclass
+class DataConfig:
+  """Where pairs come from. `tfrecord` reads what the reference's data_download.py writes into
+  --data-dir: <data-dir>/wmt32k-train-000NN-of-00100 (tf.train.Example, int64 lists 'inputs'
+  and 'targets', subtoken ids ending in EOS), the vocabulary vocab.ende.32768, and the raw
+  newstest2014.en / newstest2014.de that the reference translates and scores."""
+  source: str = "tfrecord"            # tfrecord | mini (generated, written the same way) | synthetic
+  train_pattern: str = "*train*"      # the reference's dataset.py pattern
+  vocab_file: str = "vocab.ende.32768"
+  eval_source: str = "newstest2014.en"
+  eval_reference: str = "newstest2014.de"
+  max_length: int = 256               # training pairs longer than this are discarded
+  eval_max_length: int = 256          # eval inputs are padded (or cut) to this many tokens
+  train_examples: int = 0             # logged train_samples; 0: rules/transformer.yaml's count
+  eval_examples: int = 3003           # newstest2014 sentences
+  eval_batch_size: int = 64
+  shuffle_buffer: int = 10_000
+  mini_seed: int = 4321               # the mini corpus is fixed; the run seed only shuffles it
+  mini_train_pairs: int = 6000
+  mini_words: int = 12                # words per word class in the mini grammar's lexicon
+
+  def validate(self):
+    one_of(self, "source", ("tfrecord", "mini", "synthetic"))
+    positive(self, "max_length", "eval_max_length", "eval_examples", "eval_batch_size",
+             "shuffle_buffer", "mini_train_pairs", "mini_words")
+    in_range(self, "max_length", 2, None)
+    in_range(self, "train_examples", 0, None)
+
+
+@dataclasses.dataclass
+class TransformerConfig:
+  model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
+  data: DataConfig = dataclasses.field(default_factory=DataConfig)
+  optimizer: AdamConfig = dataclasses.field(default_factory=AdamConfig)
+  train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
+  parallel: ParallelConfig = dataclasses.field(default_factory=ParallelConfig)
+
+
+def reference() -> TransformerConfig:
+  """The reference's big model and recipe (run_training.sh --params=big): base lr 2.0, warmup
+  16,000 steps, betas 0.9/0.997, target 25.0 BLEU from rules/, eval every epoch. The
+  reference batches 2,048 tokens per GPU by length buckets; here 256 rows of up to 256
+  tokens (about the token count of the reference's 8-GPU run, ~25k tokens after padding)."""
+  mlperf = rules.load("transformer")
+  train = TrainConfig(global_batch_size=256, target=mlperf.target, precision="bfloat16",
+                      max_epochs=30.0)
+  cadence.apply_rules(train, mlperf.eval_cadence)
+  return TransformerConfig(train=train)
+
+
+def synthetic() -> TransformerConfig:
+  cfg = reference()
+  cfg.data.source = "synthetic"
+  cfg.train.global_batch_size = 16
+  return cfg
+
+
+def mini() -> TransformerConfig:
+  """A small Transformer (2+2 layers, hidden 64) on a generated parallel corpus (a seeded
+  grammar translated word by word with reordering, input_pipeline.mini_corpus), written as the
+  reference's TFRecords and newstest-style text, scored with the same beam search and BLEU."""
+  return TransformerConfig(
+      model=ModelConfig(vocab_size=0, hidden_size=64, num_layers=2, num_heads=4,
+                        filter_size=128, dropout=0.1, attention_dropout=0.1, relu_dropout=0.1,
+                        extra_decode_length=8),
+      data=DataConfig(source="mini", max_length=24, eval_max_length=24, eval_examples=200,
+                      eval_batch_size=100, shuffle_buffer=6000),
+      optimizer=AdamConfig(base_learning_rate=1.0, warmup_steps=200, beta_2=0.98),
+      train=TrainConfig(global_batch_size=64, target=90.0, precision="float32",
+                        max_epochs=20.0, eval_every_epochs=1))
+
+
+def tiny() -> TransformerConfig:
+  """The smallest config that runs every code path (the contract test's)."""
+  cfg = mini()
+  cfg.model = ModelConfig(vocab_size=0, hidden_size=16, num_layers=1, num_heads=2,
+                          filter_size=32, extra_decode_length=4)
+  cfg.data.mini_train_pairs, cfg.data.eval_examples, cfg.data.eval_batch_size = 256, 24, 16
+  cfg.data.mini_words = 4
+  cfg.train.global_batch_size, cfg.train.max_epochs = 32, 2.0
+  return cfg
+
+
+def derive(cfg: TransformerConfig):
+  """model.vocab_size 0 (the mini presets') is the mini vocabulary's size, which follows from
+  data.mini_seed and data.mini_words."""
+  if cfg.model.vocab_size == 0:
+    if cfg.data.source != "mini":
+      raise UsageError(f"model.vocab_size=0 needs data.source=mini (got {cfg.data.source!r}); "
+                       "allowed: the vocabulary's size (33708 for vocab.ende.32768)")
+    cfg.model.vocab_size = mini_corpus.vocabulary(cfg.data.mini_seed,
+                                                  cfg.data.mini_words).vocab_size
+
+
+def batch_layout(cfg: TransformerConfig, batch_size: int, with_mask: bool = False) -> dict:
+  """{name: (shape, dtype, logical axes)}. Train: 'inputs' and 'targets', subtoken ids ending
+  in EOS, padded with 0. Eval: 'inputs' (padded to eval_max_length), 'index' (the sentence's
+  line in the eval files, for the host-side BLEU) and 'mask' (1 real, 0 padding)."""
+  if with_mask:
+    return {"inputs": ((batch_size, cfg.data.eval_max_length), "int32", ("batch", "length")),
+            "index": ((batch_size,), "int32", ("batch",)),
+            "mask": ((batch_size,), "float32", ("batch",))}
+  tokens = ((batch_size, cfg.data.max_length), "int32", ("batch", "length"))
+  return {"inputs": tokens, "targets": tokens}
+
+
+# Every parameter's logical axes (flax paths; the Keras model uses the same names). Attention
+# kernels keep heads as their own dimension ([embed, heads, kv] and [heads, kv, embed]), so a
+# model axis can split heads without reshaping (Mesh-TF's layout).
+PARAM_AXES = (
+    (r"embedding_shared/embedding", ("vocab", "embed")),
+    (r".*(self_attention|encdec_attention)/(query|key|value)/kernel", ("embed", "heads", "kv")),
+    (r".*(self_attention|encdec_attention)/output/kernel", ("heads", "kv", "embed")),
+    (r".*ffn/filter/kernel", ("embed", "mlp")),
+    (r".*ffn/filter/bias", ("mlp",)),
+    (r".*ffn/output/kernel", ("mlp", "embed")),
+    (r".*ffn/output/bias", ("embed",)),
+    (r".*_norm/(scale|bias)", ("embed",)),
+)
+
+
+def schedule_for(cfg: TransformerConfig) -> schedules.RsqrtSchedule:
+  opt = cfg.optimizer
+  return schedules.RsqrtSchedule(base_lr=opt.base_learning_rate,
+                                 hidden_size=cfg.model.hidden_size,
+                                 warmup_steps=opt.warmup_steps)
+
+
+def train_samples(cfg: TransformerConfig) -> int:
+  return cfg.data.train_examples or int(rules.load("transformer").eval_cadence["train_samples"])
+
+
+def mllog_hyperparameters(cfg: TransformerConfig, train_examples: int) -> dict:
+  """The keys closed_transformer.yaml (ruleset 0.7.0) requires exactly once; a value with
+  metadata is a (value, {metadata}) pair."""
+  del train_examples
+  opt = cfg.optimizer
+  return {"opt_name": opt.name,
+          "opt_base_learning_rate": opt.base_learning_rate,
+          "opt_learning_rate_warmup_steps": opt.warmup_steps,
+          "opt_adam_beta_1": opt.beta_1,
+          "opt_adam_beta_2": opt.beta_2,
+          "opt_adam_epsilon": opt.epsilon,
+          "max_sequence_length": (cfg.data.max_length, {"method": "discard"})}
+
+
+def missing_data(cfg, data_dir) -> list[str]:
+  if cfg.data.source != "tfrecord":
+    return []
+  import glob
+  d = cfg.data
+  missing = [] if glob.glob(os.path.join(data_dir, d.train_pattern)) else [d.train_pattern]
+  return missing + [f for f in (d.vocab_file, d.eval_source, d.eval_reference)
+                    if not os.path.exists(os.path.join(data_dir, f))]
+
+
+SPEC = WorkloadSpec(
+    name="transformer",
+    mlperf_benchmark="transformer",
+    title="Transformer (big) translation, WMT English-German",
+    metric=BLEU,
+    presets={"mini": mini, "reference": reference, "synthetic": synthetic, "tiny": tiny},
+    trainer_modules={"jax": "workloads.transformer.jax_trainer",
+                     "tf": "workloads.transformer.tf_trainer"},
+    mllog_hyperparameters=mllog_hyperparameters,
+    derive=derive,
+    split_dims=lambda cfg: {"length": cfg.data.max_length},
+    param_axes=PARAM_AXES,
+    data_dir_contents=("the reference's data_download.py output: wmt32k-train-*, "
+                       "vocab.ende.32768, newstest2014.en, newstest2014.de"),
+    missing_data=missing_data,
+)

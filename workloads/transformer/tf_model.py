@@ -1,0 +1,321 @@
+"""Transformer (big) in Keras 3: the same architecture, initialisation and parameter names as
+jax_model.py (see its docstring for the reference's choices), so parameters convert one to one
+by flax path (`load_flax_variables`). At the reference size: 210,804,736 parameters.
+
+The layers are small Keras layers written here, with the flax leaf names (kernel, bias, scale,
+embedding): Keras' MultiHeadAttention has a different projection layout and Glorot fans, and
+its LayerNormalization names its weights gamma/beta. Decoding (`encode`, `init_cache`,
+`decode_step`) mirrors jax_model.py for tf_beam_search.py.
+"""
+import numpy as np
+
+import keras
+from keras import layers, ops
+
+from workloads.transformer import formulas
+
+PAD_ID, EOS_ID = 0, 1
+
+
+def accumulation_dtype(policy):
+  """Softmax, attention biases, LayerNorm statistics and logits: float32 under mixed_bfloat16
+  or float32, float64 under float64 (the parity tests)."""
+  return "float64" if policy.compute_dtype == "float64" else "float32"
+
+
+def glorot(fan_in, fan_out):
+  limit = formulas.glorot_limit(fan_in, fan_out)
+  return keras.initializers.RandomUniform(-limit, limit)
+
+
+class Block(layers.Layer):
+  """A layer whose weights are made in __init__ or by its sublayers on their first call: no
+  shape-traced build (Keras would try to trace call() with the input shapes alone)."""
+
+  def build(self, *args, **kwargs):
+    del args, kwargs
+    self.built = True
+
+
+class Projection(layers.Layer):
+  """A bias-free einsum projection whose kernel has the flax DenseGeneral layout."""
+
+  def __init__(self, kernel_shape, equation, fans, **kwargs):
+    super().__init__(**kwargs)
+    self.equation = equation
+    self.kernel = self.add_weight(shape=kernel_shape, initializer=glorot(*fans), name="kernel")
+
+  def call(self, x):
+    return ops.einsum(self.equation, x, self.kernel)
+
+
+class LayerNorm(layers.Layer):
+  """(x - mean) / sqrt(var + 1e-6) * scale + bias, statistics in the accumulation dtype."""
+
+  def __init__(self, hidden_size, **kwargs):
+    super().__init__(**kwargs)
+    self.scale = self.add_weight(shape=(hidden_size,), initializer="ones", name="scale")
+    self.bias = self.add_weight(shape=(hidden_size,), initializer="zeros", name="bias")
+
+  def call(self, x):
+    acc = accumulation_dtype(self.dtype_policy)
+    x32 = ops.cast(x, acc)
+    mean = ops.mean(x32, axis=-1, keepdims=True)
+    var = ops.mean(ops.square(x32 - mean), axis=-1, keepdims=True)
+    y = (x32 - mean) * ops.rsqrt(var + formulas.LAYER_NORM_EPSILON)
+    return ops.cast(y * ops.cast(self.scale, acc) + ops.cast(self.bias, acc), x.dtype)
+
+
+class Attention(Block):
+  def __init__(self, hidden_size, num_heads, dropout, **kwargs):
+    super().__init__(**kwargs)
+    kv = hidden_size // num_heads
+    self.kv = kv
+    fans = (hidden_size, hidden_size)       # the reference's [hidden, hidden] matrices
+    project = lambda name: Projection((hidden_size, num_heads, kv), "bld,dnh->blnh", fans,
+                                      name=name, dtype=self.dtype_policy)
+    self.query, self.key, self.value = project("query"), project("key"), project("value")
+    self.output_projection = Projection((num_heads, kv, hidden_size), "blnh,nhd->bld", fans,
+                                        name="output", dtype=self.dtype_policy)
+    self.weights_dropout = layers.Dropout(dropout, dtype=self.dtype_policy)
+
+  def sublayers(self):
+    return {"query": self.query, "key": self.key, "value": self.value,
+            "output": self.output_projection}
+
+  def keys_values(self, y):
+    return self.key(y), self.value(y)
+
+  def attend(self, x, k, v, bias, training=False):
+    acc = accumulation_dtype(self.dtype_policy)
+    q = self.query(x) * self.kv ** -0.5
+    logits = ops.cast(ops.einsum("bqnh,bknh->bnqk", q, k), acc) + ops.cast(bias, acc)
+    weights = ops.cast(ops.softmax(logits, axis=-1), v.dtype)
+    weights = self.weights_dropout(weights, training=training)
+    return self.output_projection(ops.einsum("bnqk,bknh->bqnh", weights, v))
+
+  def call(self, x, y, bias, training=False):
+    k, v = self.keys_values(y)
+    return self.attend(x, k, v, bias, training)
+
+
+class FeedForward(Block):
+  def __init__(self, hidden_size, filter_size, dropout, **kwargs):
+    super().__init__(**kwargs)
+    self.filter = layers.Dense(filter_size, activation="relu", name="filter",
+                               kernel_initializer="glorot_uniform", dtype=self.dtype_policy)
+    self.output_dense = layers.Dense(hidden_size, name="output",
+                                     kernel_initializer="glorot_uniform", dtype=self.dtype_policy)
+    self.relu_dropout = layers.Dropout(dropout, dtype=self.dtype_policy)
+
+  def sublayers(self):
+    return {"filter": self.filter, "output": self.output_dense}
+
+  def call(self, x, training=False):
+    return self.output_dense(self.relu_dropout(self.filter(x), training=training))
+
+
+class EncoderLayer(Block):
+  def __init__(self, cfg, **kwargs):
+    super().__init__(**kwargs)
+    p = self.dtype_policy
+    self.self_attention = Attention(cfg.hidden_size, cfg.num_heads, cfg.attention_dropout,
+                                    name="self_attention", dtype=p)
+    self.self_attention_norm = LayerNorm(cfg.hidden_size, name="self_attention_norm", dtype=p)
+    self.ffn = FeedForward(cfg.hidden_size, cfg.filter_size, cfg.relu_dropout, name="ffn",
+                           dtype=p)
+    self.ffn_norm = LayerNorm(cfg.hidden_size, name="ffn_norm", dtype=p)
+    self.residual_dropout = layers.Dropout(cfg.dropout, dtype=p)
+
+  def sublayers(self):
+    return {"self_attention": self.self_attention, "self_attention_norm": self.self_attention_norm,
+            "ffn": self.ffn, "ffn_norm": self.ffn_norm}
+
+  def call(self, x, bias, training=False):
+    drop = lambda y: self.residual_dropout(y, training=training)
+    y = self.self_attention_norm(x)
+    x = x + drop(self.self_attention(y, y, bias, training=training))
+    return x + drop(self.ffn(self.ffn_norm(x), training=training))
+
+
+class DecoderLayer(Block):
+  def __init__(self, cfg, **kwargs):
+    super().__init__(**kwargs)
+    p = self.dtype_policy
+    attention = lambda name: Attention(cfg.hidden_size, cfg.num_heads, cfg.attention_dropout,
+                                       name=name, dtype=p)
+    self.self_attention, self.encdec_attention = attention("self_attention"), \
+        attention("encdec_attention")
+    norm = lambda name: LayerNorm(cfg.hidden_size, name=name, dtype=p)
+    self.self_attention_norm, self.encdec_attention_norm = norm("self_attention_norm"), \
+        norm("encdec_attention_norm")
+    self.ffn = FeedForward(cfg.hidden_size, cfg.filter_size, cfg.relu_dropout, name="ffn",
+                           dtype=p)
+    self.ffn_norm = norm("ffn_norm")
+    self.residual_dropout = layers.Dropout(cfg.dropout, dtype=p)
+
+  def sublayers(self):
+    return {"self_attention": self.self_attention, "self_attention_norm": self.self_attention_norm,
+            "encdec_attention": self.encdec_attention,
+            "encdec_attention_norm": self.encdec_attention_norm,
+            "ffn": self.ffn, "ffn_norm": self.ffn_norm}
+
+  def _rest(self, x, encdec_k, encdec_v, encoder_bias, training):
+    drop = lambda y: self.residual_dropout(y, training=training)
+    x = x + drop(self.encdec_attention.attend(self.encdec_attention_norm(x), encdec_k, encdec_v,
+                                              encoder_bias, training))
+    return x + drop(self.ffn(self.ffn_norm(x), training=training))
+
+  def call(self, x, encoded, self_bias, encoder_bias, training=False):
+    drop = lambda y: self.residual_dropout(y, training=training)
+    y = self.self_attention_norm(x)
+    x = x + drop(self.self_attention(y, y, self_bias, training=training))
+    k, v = self.encdec_attention.keys_values(encoded)
+    return self._rest(x, k, v, encoder_bias, training)
+
+  def step(self, x, i, cache, encoder_bias):
+    """One position (see jax_model.DecoderLayer.step)."""
+    y = self.self_attention_norm(x)
+    k, v = self.self_attention.keys_values(y)
+    keys = ops.slice_update(cache["k"], (0, i, 0, 0), ops.cast(k, cache["k"].dtype))
+    values = ops.slice_update(cache["v"], (0, i, 0, 0), ops.cast(v, cache["v"].dtype))
+    acc = accumulation_dtype(self.dtype_policy)
+    visible = ops.arange(ops.shape(keys)[1]) <= i
+    bias = ops.cast(ops.where(visible, 0.0, formulas.ATTENTION_MASK), acc)[None, None, None, :]
+    x = x + self.self_attention.attend(y, keys, values, bias)
+    x = self._rest(x, cache["encdec_k"], cache["encdec_v"], encoder_bias, False)
+    return x, {**cache, "k": keys, "v": values}
+
+
+class Stack(Block):
+  """num_layers encoder or decoder layers (named layer_i) and the final LayerNorm."""
+
+  def __init__(self, cfg, layer_class, **kwargs):
+    super().__init__(**kwargs)
+    self.cfg = cfg
+    self.blocks = [layer_class(cfg, name=f"layer_{i}", dtype=self.dtype_policy)
+                   for i in range(cfg.num_layers)]
+    self.output_norm = LayerNorm(cfg.hidden_size, name="output_norm", dtype=self.dtype_policy)
+
+  def call(self, x, bias, encoded=None, encoder_bias=None, training=False):
+    """Encoder: x, its padding bias. Decoder: x, the causal bias, the encoder's outputs and
+    padding bias."""
+    for block in self.blocks:
+      x = (block(x, bias, training=training) if encoded is None else
+           block(x, encoded, bias, encoder_bias, training=training))
+    return self.output_norm(x)
+
+
+class Transformer(keras.Model):
+  """call(inputs, targets) -> logits [B, L, V] in the accumulation dtype."""
+
+  def __init__(self, model_cfg, dtype="float32", **kwargs):
+    super().__init__(name="transformer", dtype=dtype, **kwargs)
+    c = self.cfg = model_cfg
+    self.acc = accumulation_dtype(self.dtype_policy)
+    self.embedding = self.add_weight(
+        shape=(c.vocab_size, c.hidden_size), name="embedding",
+        initializer=keras.initializers.RandomNormal(stddev=c.hidden_size ** -0.5))
+    self.encoder = Stack(c, EncoderLayer, name="encoder", dtype=self.dtype_policy)
+    self.decoder = Stack(c, DecoderLayer, name="decoder", dtype=self.dtype_policy)
+    self.embedding_dropout = layers.Dropout(c.dropout, dtype=self.dtype_policy)
+
+  def _lookup(self, ids):
+    x = ops.take(self.embedding, ids, axis=0)
+    mask = ops.cast(ops.not_equal(ids, PAD_ID), x.dtype)[..., None]
+    return x * mask * self.cfg.hidden_size ** 0.5
+
+  def _embed(self, ids, training):
+    table = formulas.position_encoding(ids.shape[1], self.cfg.hidden_size)
+    x = self._lookup(ids)
+    x = x + ops.cast(table, x.dtype)[None]
+    return self.embedding_dropout(x, training=training)
+
+  def encode(self, inputs, training=False):
+    bias = ops.where(ops.equal(inputs, PAD_ID), formulas.ATTENTION_MASK, 0.0)
+    bias = ops.cast(bias, self.acc)[:, None, None, :]
+    return self.encoder(self._embed(inputs, training), bias, training=training), bias
+
+  def logits(self, x):
+    table = ops.cast(self.embedding, x.dtype)
+    return ops.cast(ops.einsum("bld,vd->blv", x, table), self.acc)
+
+  def call(self, inputs, targets, training=False):
+    encoded, encoder_bias = self.encode(inputs, training)
+    length = targets.shape[1]
+    shifted = ops.pad(targets, ((0, 0), (1, 0)))[:, :-1]
+    causal = np.where(np.tril(np.ones((length, length), bool)), 0.0, formulas.ATTENTION_MASK)
+    self_bias = ops.cast(causal, self.acc)[None, None]
+    x = self.decoder(self._embed(shifted, training), self_bias, encoded, encoder_bias,
+                     training=training)
+    return self.logits(x)
+
+  # ------------------------------------------------------------------ decoding
+  def init_cache(self, encoded, max_decode_length):
+    c = self.cfg
+    batch = ops.shape(encoded)[0]
+    shape = (batch, max_decode_length, c.num_heads, c.hidden_size // c.num_heads)
+    cache = {}
+    for i, block in enumerate(self.decoder.blocks):
+      k, v = block.encdec_attention.keys_values(encoded)
+      cache[f"layer_{i}"] = {"k": ops.zeros(shape, k.dtype), "v": ops.zeros(shape, v.dtype),
+                             "encdec_k": k, "encdec_v": v}
+    return cache
+
+  def decode_step(self, ids, i, cache, encoder_bias):
+    """ids [B] (the token at position i) -> (logits [B, V], cache)."""
+    x = self._lookup(ids[:, None])
+    x = x + ops.cast(position_at(i, self.cfg.hidden_size), x.dtype)[None]
+    new = {}
+    for n, block in enumerate(self.decoder.blocks):
+      x, new[f"layer_{n}"] = block.step(x, i, cache[f"layer_{n}"], encoder_bias)
+    return self.logits(self.decoder.output_norm(x))[:, 0], new
+
+  # ------------------------------------------------------------------ by flax path
+  def variables_by_path(self):
+    """{flax params path: Keras variable} for every variable of the model."""
+    out = {("embedding_shared", "embedding"): self.embedding}
+
+    def walk(prefix, layer):
+      if hasattr(layer, "sublayers"):
+        for name, child in layer.sublayers().items():
+          walk(prefix + (name,), child)
+      else:
+        for var in layer.weights:
+          out[prefix + (var.name,)] = var
+    for stack_name, stack in (("encoder", self.encoder), ("decoder", self.decoder)):
+      for i, block in enumerate(stack.blocks):
+        walk((stack_name, f"layer_{i}"), block)
+      walk((stack_name, "output_norm"), stack.output_norm)
+    return out
+
+
+def position_at(i, hidden_size):
+  """formulas.position_encoding's row i for a traced position, [1, hidden_size]."""
+  half = hidden_size // 2
+  increment = np.log(1.0e4) / max(half - 1, 1)
+  inverse = np.exp(np.arange(half, dtype=np.float64) * -increment)
+  angles = ops.cast(i, "float64") * inverse
+  return ops.concatenate([ops.sin(angles), ops.cos(angles)])[None]
+
+
+def build(model_cfg, length=8, dtype="float32") -> Transformer:
+  """Creates the model and its variables (one call on a dummy batch)."""
+  model = Transformer(model_cfg, dtype=dtype)
+  ids = np.ones((1, length), np.int32)
+  model(ids, ids)
+  return model
+
+
+def load_flax_variables(model, params):
+  """Copies flax params into the Keras model by path; every variable must be covered."""
+  copied = 0
+  for path, var in model.variables_by_path().items():
+    value = params
+    for key in path:
+      value = value[key]
+    var.assign(np.asarray(value, var.dtype).reshape(var.shape))
+    copied += int(np.prod(var.shape))
+  if copied != model.count_params():
+    raise ValueError(f"converted {copied} of {model.count_params()} values: the models differ")
+  return model

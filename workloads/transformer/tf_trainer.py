@@ -1,0 +1,96 @@
+"""Transformer training and BLEU eval in TensorFlow (Keras 3 model, custom loop), behind the
+driver's Trainer API. The loop and the distribution (tf.distribute: data parallel, weight-
+update sharding) live in workloads/parallel/tf_trainer_base.py; this file says what is the
+Transformer's, as jax_trainer.py does for JAX.
+
+Each replica's loss is its share of the global loss: its tokens' smoothed cross entropy over
+the target token count all-reduced across replicas, so summing replica gradients gives the
+gradient of the global mean. Eval translates with tf_beam_search.py and scores on the host
+(host_bleu.py), as the JAX trainer does.
+"""
+import tensorflow as tf
+
+from workloads.optim import tf_optimizers
+from workloads.parallel.tf_trainer_base import StrategyTrainer
+from workloads.transformer import formulas, host_bleu, input_pipeline, spec, tf_beam_search, \
+    tf_model
+
+START_ID = 0
+
+
+def smoothed_cross_entropy(logits, labels, label_smoothing):
+  """(sum of per-token losses over non-padding labels, their count): formulas.smoothing."""
+  vocab = logits.shape[-1]
+  confidence, low, constant = formulas.smoothing(label_smoothing, vocab)
+  log_probs = tf.nn.log_softmax(logits, axis=-1)
+  soft = tf.one_hot(labels, vocab, on_value=confidence, off_value=low, dtype=logits.dtype)
+  xent = -tf.reduce_sum(soft * log_probs, axis=-1) - constant
+  weights = tf.cast(tf.not_equal(labels, tf_model.PAD_ID), logits.dtype)
+  return tf.reduce_sum(xent * weights), tf.reduce_sum(weights)
+
+
+def replica_loss(model, batch, label_smoothing, training=True):
+  """This replica's share of the global mean loss (sum over replicas == the global loss)."""
+  logits = model(batch["inputs"], batch["targets"], training=training)
+  total, count = smoothed_cross_entropy(logits, batch["targets"], label_smoothing)
+  replica = tf.distribute.get_replica_context()
+  global_count = replica.all_reduce(tf.distribute.ReduceOp.SUM, count) if replica else count
+  return total / tf.maximum(global_count, 1.0)
+
+
+def translate(model, inputs, model_cfg):
+  """Beam search -> the best beam's tokens [B, L + extra_decode_length]."""
+  encoded, encoder_bias = model.encode(inputs)
+  max_decode_length = inputs.shape[1] + model_cfg.extra_decode_length
+  cache = {"decoder": model.init_cache(encoded, max_decode_length), "encoder_bias": encoder_bias}
+
+  def symbols_to_logits(ids, i, cache):
+    logits, decoder = model.decode_step(ids, i, cache["decoder"], cache["encoder_bias"])
+    return logits, {**cache, "decoder": decoder}
+
+  batch = inputs.shape[0] if inputs.shape[0] is not None else tf.shape(inputs)[0]
+  sequences, _ = tf_beam_search.beam_search(
+      symbols_to_logits, tf.fill([batch], START_ID), cache, model_cfg.vocab_size,
+      model_cfg.beam_size, model_cfg.alpha, max_decode_length, tf_model.EOS_ID)
+  return sequences[:, 0, 1:]
+
+
+class TransformerTrainer(StrategyTrainer):
+  spec_module, pipeline = spec, input_pipeline
+  eval_on_host = True
+
+  def __init__(self, cfg, ctx):
+    super().__init__(cfg, ctx)
+    self.schedule = spec.schedule_for(cfg)
+    self._eval_text = None
+
+  def make_model(self, runtime):
+    del runtime                         # no cross-replica layers
+    return tf_model.build(self.cfg.model, self.cfg.data.max_length, self.dtype)
+
+  def make_optimizer(self):
+    optimizer = tf_optimizers.make_adam(self.cfg.optimizer, self.schedule)
+    return optimizer, optimizer.learning_rate_schedule
+
+  def loss_and_grads(self, batch):
+    with tf.GradientTape() as tape:
+      loss = replica_loss(self.model, batch, self.cfg.optimizer.label_smoothing)
+    grads = tape.gradient(loss, self.model.trainable_variables)
+    # the shared embedding's lookups give IndexedSlices: dense, to add the projection's part
+    return loss, [tf.convert_to_tensor(g) for g in grads]
+
+  def eval_step(self, batch):
+    tokens = translate(self.model, batch["inputs"], self.cfg.model)
+    return {"tokens": tokens, "index": batch["index"], "mask": batch["mask"]}
+
+  def accumulate(self, acc, outputs):
+    if self._eval_text is None:
+      self._eval_text = input_pipeline.eval_text(self.cfg, self.data_dir)
+    return host_bleu.accumulate(acc, outputs, *self._eval_text)
+
+  def finalize(self, acc):
+    return host_bleu.finalize(acc, spec.SPEC.metric.name)
+
+
+def make_trainer(cfg, ctx):
+  return TransformerTrainer(cfg, ctx)
