@@ -1,0 +1,45 @@
+"""The mini Transformer run end to end, through the command line, in both frameworks: BLEU
+(beam search, the reference's BLEU) reaches the mini target, the result row says success, and
+the log carries every key closed_transformer.yaml (ruleset 0.7.0) asks for and passes the
+official checker."""
+import json
+
+import pandas as pd
+import pytest
+
+pytestmark = pytest.mark.slow
+
+
+def _log_events(path):
+  with open(path) as f:
+    return [json.loads(line[len(":::MLLOG "):]) for line in f if line.startswith(":::MLLOG ")]
+
+
+@pytest.mark.parametrize("framework", ["jax", "tf"])
+def test_mini_transformer_reaches_bleu_target_and_log_passes_the_checker(cli, tmp_path,
+                                                                         framework):
+  results_csv = tmp_path / "results.csv"
+  proc = cli("run", "transformer", "--framework", framework, "--seed", "0", "--results",
+             str(results_csv), "--log-dir", str(tmp_path / "logs"), "--data-dir",
+             str(tmp_path / "data"))
+  assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+  row = pd.read_csv(results_csv).iloc[0]
+  assert row["status"] == "success" and row["framework"] == framework
+  assert row["preset"] == "mini" and row["final_metric"] >= row["target"] == 90.0
+  events = _log_events(row["log_path"])
+  by_key = {e["key"]: e for e in events}
+  expected = {"submission_benchmark": "transformer", "opt_name": "adam",
+              "opt_base_learning_rate": 1.0, "opt_learning_rate_warmup_steps": 200,
+              "opt_adam_beta_1": 0.9, "opt_adam_beta_2": 0.98, "opt_adam_epsilon": 1e-9,
+              "max_sequence_length": 24, "global_batch_size": 64, "train_samples": 6000,
+              "eval_samples": 200}
+  for key, value in expected.items():
+    assert by_key[key]["value"] == pytest.approx(value), key
+  assert by_key["max_sequence_length"]["metadata"]["method"] == "discard"
+  # BLEU is logged as eval_accuracy / 100, once per epoch
+  accuracies = [e for e in events if e["key"] == "eval_accuracy"]
+  assert [e["metadata"]["epoch_num"] for e in accuracies] == list(
+      range(1, len(accuracies) + 1))
+  assert accuracies[-1]["value"] == pytest.approx(row["final_metric"] / 100)
+  check = cli("check", row["log_path"])
+  assert check.returncode == 0 and "PASSED" in check.stdout, check.stdout
