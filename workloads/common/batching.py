@@ -57,10 +57,14 @@ def sharded_records(files, seed, process_index=0, process_count=1, cycle_length=
   """Shuffled, repeated records of this host: files are split over hosts when there are
   enough of them, records otherwise, so each example is read by exactly one host."""
   ds = tf.data.Dataset.from_tensor_slices(files)
+  host_files = len(files)
   if len(files) >= process_count:
     ds = ds.shard(process_count, process_index)
+    host_files = len(files[process_index::process_count])
+  # At most this host's file count open at once: more slots would open the next epoch's
+  # copies of the same files alongside them (one file a host: every record read twice in a row).
   ds = ds.shuffle(len(files), seed=seed, reshuffle_each_iteration=True).repeat()
-  ds = ds.interleave(tf.data.TFRecordDataset, cycle_length=min(len(files), cycle_length),
+  ds = ds.interleave(tf.data.TFRecordDataset, cycle_length=min(host_files, cycle_length),
                      num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)
   if len(files) < process_count:
     ds = ds.shard(process_count, process_index)
