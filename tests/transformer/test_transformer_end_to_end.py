@@ -25,7 +25,7 @@ def test_mini_transformer_reaches_bleu_target_and_log_passes_the_checker(cli, tm
   assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
   row = pd.read_csv(results_csv).iloc[0]
   assert row["status"] == "success" and row["framework"] == framework
-  assert row["preset"] == "mini" and row["final_metric"] >= row["target"] == 90.0
+  assert row["preset"] == "mini" and row["final_metric"] >= row["target"] == 85.0
   events = _log_events(row["log_path"])
   by_key = {e["key"]: e for e in events}
   expected = {"submission_benchmark": "transformer", "opt_name": "adam",

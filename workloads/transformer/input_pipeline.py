@@ -26,7 +26,7 @@ from workloads.common import mini_cache
 from workloads.common.batching import host_slice, padded_eval, sharded_records, tfrecord_files
 from workloads.transformer import mini_corpus, spec, subwords
 
-MINI_FORMAT_VERSION = 1                       # bump when the generator changes
+MINI_FORMAT_VERSION = 2                       # bump when the generator changes
 
 
 def parse(serialized, max_length):

@@ -125,7 +125,7 @@ def mini() -> TransformerConfig:
       data=DataConfig(source="mini", max_length=24, eval_max_length=24, eval_examples=200,
                       eval_batch_size=100, shuffle_buffer=6000),
       optimizer=AdamConfig(base_learning_rate=1.0, warmup_steps=200, beta_2=0.98),
-      train=TrainConfig(global_batch_size=64, target=90.0, precision="float32",
+      train=TrainConfig(global_batch_size=64, target=85.0, precision="float32",
                         max_epochs=20.0, eval_every_epochs=1))
 
 
