@@ -26,8 +26,8 @@ from tests.conftest import rel_err
 
 from workloads.optim import jax_optimizers, schedules, tf_optimizers
 from workloads.optim.configs import AdamConfig
-from workloads.transformer import beam_search_np, formulas, jax_model, jax_trainer, spec, \
-    tf_model, tf_trainer
+from workloads.transformer import beam_search_np, formulas, jax_beam_search, jax_model, \
+    jax_trainer, spec, tf_beam_search, tf_model, tf_trainer
 
 CFG = spec.ModelConfig(vocab_size=23, hidden_size=16, num_layers=2, num_heads=2, filter_size=24,
                        dropout=0.0, attention_dropout=0.0, relu_dropout=0.0,
@@ -81,6 +81,7 @@ def models():
   params = random_params(shapes["params"])
   keras_model = tf_model.build(CFG, length=7, dtype="float64")
   tf_model.load_flax_variables(keras_model, params)
+  _COMPILED.clear()                  # compiled functions close over these models
   return flax_model, params, keras_model, batch
 
 
@@ -127,8 +128,6 @@ def _get(tree, path):
   return tree
 
 
-
-
 # ----------------------------------------------------------------------------- forward pass
 
 def test_parameter_paths_and_shapes_agree(models):
@@ -150,7 +149,7 @@ def test_eval_logits_agree(models):
   assert jax_logits.dtype == jnp.float64 and tf_logits.dtype == tf.float64
   assert jax_logits.shape == (3, 6, CFG.vocab_size)
   assert rel_err(tf_logits, jax_logits) < TOL
-  # the model is not trivial: logits spread over several units, rows differ
+  # the model is not trivial: its logits spread over several units
   assert np.std(np.asarray(jax_logits)) > 1.0
   # and the comparison can fail: one changed parameter changes the logits far above TOL
   changed = jax.tree.map(lambda x: x, params)
@@ -463,6 +462,30 @@ def decode_three_ways(flax_model, params, keras_model, inputs):
   return jax_tokens, tf_tokens, np_seqs, np_scores
 
 
+def all_beams(flax_model, params, keras_model, inputs):
+  """Every beam and score of jax_beam_search and tf_beam_search on the models, set up as the
+  trainers' translate sets them up (translate keeps only the best beam's tokens)."""
+  max_decode_length = inputs.shape[1] + CFG.extra_decode_length
+  args = (CFG.vocab_size, CFG.beam_size, CFG.alpha, max_decode_length, jax_model.EOS_ID)
+
+  def jax_search(p, x):
+    cache, step = jax_decoder(flax_model, p, x, max_decode_length)
+    return jax_beam_search.beam_search(step, jnp.zeros(len(inputs), jnp.int32), cache, *args)
+
+  def tf_search(x):
+    encoded, bias = keras_model.encode(x)
+    cache = {"decoder": keras_model.init_cache(encoded, max_decode_length), "encoder_bias": bias}
+
+    def step(ids, i, cache):
+      logits, decoder = keras_model.decode_step(ids, i, cache["decoder"], cache["encoder_bias"])
+      return logits, {**cache, "decoder": decoder}
+    return tf_beam_search.beam_search(step, tf.zeros(len(inputs), tf.int32), cache, *args)
+
+  jax_out = compiled("jax_beam_search", lambda: jax.jit(jax_search))(params, inputs)
+  tf_out = compiled("tf_beam_search", lambda: tf.function(tf_search))(tf.constant(inputs))
+  return [np.asarray(x) for x in jax_out], [x.numpy() for x in tf_out]
+
+
 def model_scores(flax_model, params, inputs, tokens):
   """What the beam search should score each best beam: the full model's summed log-probs of
   its tokens up to EOS over the length penalty if it ended, the raw sum over all its tokens if
@@ -505,3 +528,10 @@ def test_beam_search_agrees_in_jax_tf_and_numpy(models, which):
     assert not ended.any() and (jax_tokens > 1).all()
   np.testing.assert_allclose(np_scores[:, 0], model_scores(flax_model, params, inputs,
                                                            jax_tokens), rtol=1e-5)
+  # all beams and scores (lower beams: other finished sequences, or unfinished ones at ~-1e7)
+  with keras_with(models, params) as keras_model:
+    (jax_seqs, jax_scores), (tf_seqs, tf_scores) = all_beams(flax_model, params, keras_model,
+                                                             inputs)
+  for seqs, scores in ((jax_seqs, jax_scores), (tf_seqs, tf_scores)):
+    np.testing.assert_array_equal(seqs, np_seqs)
+    np.testing.assert_allclose(scores, np_scores, rtol=1e-5)

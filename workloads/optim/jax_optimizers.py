@@ -253,7 +253,8 @@ def tf_adam(learning_rate: Callable, b1: float = 0.9, b2: float = 0.999, epsilon
   def update(grads, state, params=None):
     del params
     lr = learning_rate(state.count)
-    t = (state.count + 1).astype(jnp.float32)
+    # bias corrections in the moments' precision (float32, or float64 for float64 params)
+    t = (state.count + 1).astype(jnp.result_type(jnp.float32, *jax.tree.leaves(state.m)))
     m = jax.tree.map(lambda m, g: b1 * m + (1 - b1) * g, state.m, grads)
     v = jax.tree.map(lambda v, g: b2 * v + (1 - b2) * jnp.square(g), state.v, grads)
     alpha = lr * jnp.sqrt(1 - b2 ** t) / (1 - b1 ** t)

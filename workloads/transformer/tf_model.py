@@ -180,7 +180,7 @@ class DecoderLayer(Block):
     keys = ops.slice_update(cache["k"], (0, i, 0, 0), ops.cast(k, cache["k"].dtype))
     values = ops.slice_update(cache["v"], (0, i, 0, 0), ops.cast(v, cache["v"].dtype))
     acc = accumulation_dtype(self.dtype_policy)
-    visible = ops.arange(ops.shape(keys)[1]) >= 0
+    visible = ops.arange(ops.shape(keys)[1]) <= i
     bias = ops.cast(ops.where(visible, 0.0, formulas.ATTENTION_MASK), acc)[None, None, None, :]
     x = x + self.self_attention.attend(y, keys, values, bias)
     x = self._rest(x, cache["encdec_k"], cache["encdec_v"], encoder_bias, False)

@@ -1,0 +1,127 @@
+"""Training-step throughput of our Transformer (the MLPerf WMT En-De model) against the same
+model assembled from keras-hub layers, each framework against keras-hub on the same backend:
+
+  ours (TF, Keras layers + XLA custom loop, TF Adam)    vs  keras-hub, TF backend, fit step
+  ours (JAX, flax + optax, jit, TF Adam)                vs  keras-hub, JAX backend, fit step
+
+The peer: a ReversibleEmbedding (one table for source, target and the output projection, as
+ours), SinePositionEncoding, pre-LayerNorm TransformerEncoder / TransformerDecoder layers
+(normalize_first) with a final LayerNorm per stack, Keras' Adam (beta2 0.997, epsilon 1e-9),
+sparse cross entropy over non-padding tokens (sample weights; ours adds label smoothing, a few
+elementwise ops). keras-hub's attention has biases (Keras MultiHeadAttention's default), ours
+has none, as the reference. Each measurement runs in its own process (Keras picks its backend
+at import); synthetic device-resident batches, float32, no dropout, timed after compilation.
+Needs the bench extras: pip install --no-deps -r bench/requirements.txt
+
+  python bench/transformer_vs_keras_hub.py [--batch 16] [--length 64] [--layers 2]
+                                           [--hidden 256] [--vocab 8192] [--steps 10] [--repeats 5]
+
+The four measurements are interleaved over --repeats rounds (bench/method.py); the ratios are
+medians of per-round ratios, with their min-max.
+"""
+import argparse
+import json
+import os
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+from bench import method  # noqa: E402  pylint: disable=wrong-import-position
+
+
+def ours(framework, args):
+  from harness.workload import RunContext
+  from workloads.transformer import spec
+  cfg = spec.SPEC.configure("synthetic", [
+      f"train.global_batch_size={args.batch}", f"data.max_length={args.length}",
+      f"model.num_layers={args.layers}", f"model.hidden_size={args.hidden}",
+      f"model.num_heads={args.hidden // 64}", f"model.filter_size={4 * args.hidden}",
+      f"model.vocab_size={args.vocab}", "model.dropout=0.0", "model.attention_dropout=0.0",
+      "model.relu_dropout=0.0", "train.precision=float32"])
+  trainer = spec.SPEC.make_trainer(framework, cfg, RunContext(seed=0, preset="synthetic"))
+  return method.trainer_rate(trainer, args.batch, args.steps)
+
+
+def keras_hub_peer(args):
+  import keras
+  import keras_hub
+  import numpy as np
+  heads, filter_size = args.hidden // 64, 4 * args.hidden
+  source = keras.Input((args.length,), dtype="int32", name="inputs")
+  shifted = keras.Input((args.length,), dtype="int32", name="decoder_inputs")
+  embedding = keras_hub.layers.ReversibleEmbedding(args.vocab, args.hidden, tie_weights=True)
+  positions = keras_hub.layers.SinePositionEncoding()
+
+  def embed(ids):
+    x = embedding(ids) * args.hidden ** 0.5
+    return x + positions(x)
+
+  x = embed(source)
+  for _ in range(args.layers):
+    x = keras_hub.layers.TransformerEncoder(filter_size, heads, normalize_first=True)(
+        x, padding_mask=source != 0)
+  encoded = keras.layers.LayerNormalization(epsilon=1e-6)(x)
+  y = embed(shifted)
+  for _ in range(args.layers):
+    y = keras_hub.layers.TransformerDecoder(filter_size, heads, normalize_first=True)(
+        y, encoded, decoder_padding_mask=shifted != 0, encoder_padding_mask=source != 0)
+  y = keras.layers.LayerNormalization(epsilon=1e-6)(y)
+  logits = embedding(y, reverse=True)
+  model = keras.Model({"inputs": source, "decoder_inputs": shifted}, logits)
+  model.compile(optimizer=keras.optimizers.Adam(1e-4, beta_2=0.997, epsilon=1e-9),
+                loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                jit_compile=True)
+  from workloads.transformer import spec, input_pipeline
+  cfg = spec.SPEC.configure("synthetic", [f"data.max_length={args.length}",
+                                          f"model.vocab_size={args.vocab}"])
+  batch = input_pipeline.synthetic_batch(cfg, args.batch, 1)
+  targets = batch["targets"]
+  x = {"inputs": batch["inputs"], "decoder_inputs": np.pad(targets, ((0, 0), (1, 0)))[:, :-1]}
+  weights = (targets != 0).astype("float32")
+  model.train_on_batch(x, targets, sample_weight=weights)       # compile
+  model.train_on_batch(x, targets, sample_weight=weights)
+  start = time.perf_counter()
+  for _ in range(args.steps):
+    out = model.train_on_batch(x, targets, sample_weight=weights)
+  float(np.asarray(out).ravel()[0])                             # sync
+  return args.steps * args.batch / (time.perf_counter() - start)
+
+
+def measure(kind, args):
+  flags = [f"--{k}={getattr(args, k)}" for k in ("batch", "length", "layers", "hidden", "vocab",
+                                                 "steps")]
+  env = method.backend_env("keras-jax" if kind == "keras-hub-jax" else
+                           "keras-tf" if kind == "keras-hub-tf" else kind)
+  return method.subprocess_rate(__file__, kind, flags, env)
+
+
+def main():
+  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  p.add_argument("--batch", type=int, default=16)
+  p.add_argument("--length", type=int, default=64)
+  p.add_argument("--layers", type=int, default=2)
+  p.add_argument("--hidden", type=int, default=256)
+  p.add_argument("--vocab", type=int, default=8192)
+  p.add_argument("--steps", type=int, default=10)
+  p.add_argument("--worker", choices=["ours-tf", "ours-jax", "keras-hub-tf", "keras-hub-jax"])
+  method.add_repeats_arg(p)
+  args = p.parse_args()
+  if args.hidden % 64:
+    p.error(f"--hidden {args.hidden}: allowed: a multiple of 64 (heads of 64, as Transformer-big)")
+  if args.worker:
+    value = (ours(args.worker.split("-")[1], args) if args.worker.startswith("ours")
+             else keras_hub_peer(args))
+    print(json.dumps({"samples_per_s": value}))
+    return
+  print(f"Transformer training step: {args.layers}+{args.layers} layers, hidden {args.hidden}, "
+        f"vocab {args.vocab}, length {args.length}, batch {args.batch}, {args.steps} timed "
+        "steps, float32")
+  kinds = ("ours-tf", "keras-hub-tf", "ours-jax", "keras-hub-jax")
+  values = method.interleaved({k: (lambda k=k: measure(k, args)) for k in kinds}, args.repeats)
+  method.report(values, [("TF  (ours / keras-hub, TF backend)", "ours-tf", "keras-hub-tf"),
+                         ("JAX (ours / keras-hub, JAX backend)", "ours-jax", "keras-hub-jax")])
+
+
+if __name__ == "__main__":
+  main()
