@@ -112,6 +112,30 @@ def assert_same_saved_run(multi_path, one_path, count):
     np.testing.assert_allclose(multi[key], one[key], rtol=1e-5, atol=1e-6, err_msg=key)
 
 
+# The files that take minutes, longest first (measured in .ci/run). pytest-xdist hands whole
+# files to its two workers in collection order; starting the longest ones first keeps a long
+# file from starting last and running alone while the other worker idles.
+LONG_FILES = (
+    "tests/efficientnet/test_efficientnet_end_to_end.py",
+    "tests/resnet/test_resnet_end_to_end.py",
+    "tests/parallel/test_tf_distributed.py",
+    "tests/test_contract.py",
+    "tests/transformer/test_transformer_distributed.py",
+    "tests/transformer/test_transformer_end_to_end.py",
+    "tests/bert/test_bert_distributed.py",
+    "tests/bert/test_bert_end_to_end.py",
+    "tests/efficientnet/test_efficientnet_distributed.py",
+    "tests/parallel/test_jax_distributed.py",
+    "tests/efficientnet/test_efficientnet_model.py",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+  del config
+  rank = {path: i for i, path in enumerate(LONG_FILES)}
+  items.sort(key=lambda item: rank.get(os.path.relpath(str(item.fspath), ROOT), len(rank)))
+
+
 # Ending the session: after pytest has reported, leave without the interpreter's teardown. With
 # the many tf.distribute graphs and strategies a full run builds (~4 GB of small allocations,
 # ~90 runtime threads), TensorFlow's shutdown took over 10 minutes on a 2-core machine after

@@ -5,7 +5,7 @@ sentence once: padding rows have mask 0) and scored once at the end, since BLEU 
 score, not a mean of sentence scores."""
 import numpy as np
 
-from workloads.transformer import bleu
+from workloads.common import bleu
 
 
 def accumulate(acc, outputs, encoder, references):

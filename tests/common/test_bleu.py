@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from workloads.transformer import bleu
+from workloads.common import bleu
 
 
 def _stats(matches, possible, hyp_len, ref_len):
