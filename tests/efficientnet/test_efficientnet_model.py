@@ -110,6 +110,9 @@ def test_variant_key_sets_coefficients_and_resolution():
   assert (ref.model.variant, ref.data.image_size, ref.model.width_coefficient) == ("b0", 224, 1.0)
   mini = spec.SPEC.configure("mini")
   assert mini.model.width_coefficient == 0.25 and mini.data.image_size == 32
+  # an image size the user sets is kept, with or without a variant (the bench sets 64)
+  for overrides in (["data.image_size=64"], ["model.variant=b3", "data.image_size=64"]):
+    assert spec.SPEC.configure("synthetic", overrides).data.image_size == 64
 
 
 def test_unknown_variant_is_a_one_line_usage_error(cli):

@@ -11,6 +11,7 @@ import os
 
 from harness import cadence, mesh, rules
 from harness.config import TrainConfig, in_range, one_of, positive
+from harness.errors import UsageError
 from harness.mesh import ParallelConfig
 from harness.workload import TOP1, WorkloadSpec
 from workloads.optim import schedules
@@ -103,18 +104,24 @@ def variant(name, num_classes=1000) -> tuple[ModelConfig, int]:
 
 
 def derive(cfg):
-  """`--set model.variant=b3`: B3's width, depth, dropout and 300 px (after --set overrides)."""
+  """`--set model.variant=b3`: B3's width, depth, dropout and, where data.image_size is 0 (the
+  variant presets'), its 300 px. An image size the user sets stays (it used to be overwritten
+  by the variant's, silently: `--set data.image_size=64` trained at 224)."""
   if cfg.model.variant in VARIANTS:
     width, depth, size, dropout = VARIANTS[cfg.model.variant]
     m = cfg.model
     m.width_coefficient, m.depth_coefficient, m.dropout_rate = width, depth, dropout
-    cfg.data.image_size = size
+    if not cfg.data.image_size:
+      cfg.data.image_size = size
+  if not cfg.data.image_size:
+    raise UsageError(f"data.image_size=0 needs a model.variant of {', '.join(VARIANTS)} (got "
+                     f"{cfg.model.variant!r}); allowed: a size in pixels")
 
 
 @dataclasses.dataclass
 class DataConfig:
   source: str = "imagenet2012"     # imagenet2012 (tfds) | mini (generated) | synthetic
-  image_size: int = 224
+  image_size: int = 0              # 0: the variant's resolution (spec.derive)
   train_examples: int = IMAGENET_TRAIN_EXAMPLES
   eval_examples: int = IMAGENET_EVAL_EXAMPLES
   eval_batch_size: int = 1024
@@ -125,8 +132,8 @@ class DataConfig:
 
   def validate(self):
     one_of(self, "source", ("imagenet2012", "mini", "synthetic"))
-    positive(self, "image_size", "train_examples", "eval_examples", "eval_batch_size",
-             "shuffle_buffer")
+    positive(self, "train_examples", "eval_examples", "eval_batch_size", "shuffle_buffer")
+    in_range(self, "image_size", 0, None)
     in_range(self, "mini_label_noise", 0.0, 0.99)
 
 
@@ -144,10 +151,10 @@ def reference() -> EfficientNetConfig:
   0.016 x batch/256 with 5 warmup epochs then x0.97 every 2.4 epochs, EMA 0.9999, 350 epochs
   at batch 2048; target and eval cadence from the rule file."""
   rule = rules.load("efficientnet")
-  model, size = variant("b0")
+  model, _ = variant("b0")
   train = TrainConfig(global_batch_size=2048, max_epochs=350, target=rule.target,
                       precision="bfloat16")
-  return EfficientNetConfig(model=model, data=DataConfig(image_size=size),
+  return EfficientNetConfig(model=model, data=DataConfig(),
                             optimizer=RmsPropConfig(),
                             train=cadence.apply_rules(train, rule.eval_cadence))
 
