@@ -109,7 +109,9 @@ class Run:
     log.event(C.SUBMISSION_PLATFORM, f"{trainer.num_devices}x{trainer.device_kind}")
     log.event(C.SUBMISSION_STATUS, "research")
     log.event(C.SEED, self.seed)
-    log.event(C.GLOBAL_BATCH_SIZE, cfg.train.global_batch_size)
+    unit = self.spec.sample_unit(cfg) if self.spec.sample_unit else None
+    log.event(C.GLOBAL_BATCH_SIZE, cfg.train.global_batch_size,
+              **({"samples": unit} if unit else {}))
     log.event(C.GRADIENT_ACCUMULATION_STEPS, 1)
     log.event(C.TRAIN_SAMPLES, trainer.train_examples)
     log.event(C.EVAL_SAMPLES, trainer.eval_examples)

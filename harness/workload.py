@@ -101,6 +101,9 @@ class WorkloadSpec:
   # (cfg, framework) -> None or ValueError: a framework's own limits on the config, checked
   # before it loads (its start-up output would bury the one-line error).
   check_framework: Callable[[Any, str], None] = lambda cfg, framework: None
+  # cfg -> what a sample is where it is not one example ('packed rows'): global_batch_size's
+  # metadata in the log, since MLPerf logs count whatever the submission batches.
+  sample_unit: Callable[[Any], str] | None = None
 
   @property
   def metric_name(self) -> str:

@@ -18,6 +18,7 @@ from workloads.transformer.subwords import EOS_ID
 
 MAX_LENGTH = 10          # training pairs: at most 10 ids, EOS included
 EVAL_MAX_LENGTH = 12     # eval inputs: at most 12 ids, EOS included
+PACKED_LENGTH = 20       # packed rows: 20 ids a side (pairs have 4..12: every pair is kept)
 WORDS = ("the cat dog sat ran on under a mat big small red fast slowly today "
          "die Katze Hund saß lief auf unter eine Matte groß klein rot schnell langsam heute "
          "über Äpfel").split()
@@ -59,8 +60,8 @@ def _pairs(encoder):
   return pairs
 
 
-def _kept(pairs):
-  return [p for p in pairs if len(p[0]) <= MAX_LENGTH and len(p[1]) <= MAX_LENGTH]
+def _kept(pairs, max_length=MAX_LENGTH):
+  return [p for p in pairs if len(p[0]) <= max_length and len(p[1]) <= max_length]
 
 
 def _write_shards(folder, pairs, shards):
@@ -105,10 +106,13 @@ def wmt(tmp_path_factory):
   return types.SimpleNamespace(dir=str(root), pairs=pairs, encoder=encoder)
 
 
-def _cfg(shuffle_buffer=1, eval_examples=9):
+def _cfg(shuffle_buffer=1, eval_examples=9, packing=False):
+  """Packed: in rows of PACKED_LENGTH (rows of MAX_LENGTH would rarely take two pairs)."""
   cfg = spec.reference()
-  assert cfg.data.source == "tfrecord"
-  cfg.data.max_length, cfg.data.eval_max_length = MAX_LENGTH, EVAL_MAX_LENGTH
+  assert cfg.data.source == "tfrecord" and cfg.data.packing
+  cfg.data.packing = packing
+  cfg.data.max_length = PACKED_LENGTH if packing else MAX_LENGTH
+  cfg.data.eval_max_length = EVAL_MAX_LENGTH
   cfg.data.shuffle_buffer, cfg.data.eval_examples = shuffle_buffer, eval_examples
   return cfg
 
@@ -196,6 +200,87 @@ def test_two_hosts_read_every_pair_exactly_once_per_epoch(wmt):
                                       process_count=2)
     seen.append(set(_rows(ds, len(kept), cfg, 4)))      # ~8 epochs of a host's half
   assert not seen[0] & seen[1] and seen[0] | seen[1] == set(kept)
+
+
+def _unpack(batch):
+  """The (source, target) pairs of a packed batch's rows, checking each row's layout: segments
+  1..n on both sides in order, positions restarting at 0, zeros where the segment is 0."""
+  pairs = []
+  for r in range(batch["inputs"].shape[0]):
+    sides = []
+    for name in ("inputs", "targets"):
+      ids, seg, pos = (batch[name][r], batch[f"{name}_segmentation"][r],
+                       batch[f"{name}_position"][r])
+      used = int(np.sum(seg > 0))
+      assert np.all(seg[used:] == 0) and np.all(ids[used:] == 0) and np.all(pos[used:] == 0)
+      assert np.all(np.diff(seg[:used]) >= 0) and seg[0] == 1
+      examples = []
+      for s in range(1, int(seg.max()) + 1):
+        where = seg == s
+        assert np.array_equal(pos[where], np.arange(where.sum()))
+        examples.append(tuple(int(i) for i in ids[where]))
+      sides.append(examples)
+    assert len(sides[0]) == len(sides[1])                # a segment per pair on both sides
+    pairs += [(a, b) for a, b in zip(*sides)]
+  return pairs
+
+
+def test_packed_rows_hold_every_kept_pair_once_per_epoch(wmt, tmp_path):
+  """Packing (one shard, no shuffling): an epoch is count_rows rows whose examples are exactly
+  the kept pairs in file order, packed greedily (the next pair never fits in a row's space)."""
+  _write_shards(str(tmp_path), wmt.pairs, 1)
+  cfg = _cfg(packing=True)
+  kept = _kept(wmt.pairs, PACKED_LENGTH)
+  rows = input_pipeline.count_rows(input_pipeline.tfrecord_files(str(tmp_path), "*train*"),
+                                   cfg.data)
+  assert len(kept) / 5 < rows < len(kept) * 0.8           # 4..12 ids a side in rows of 20
+  ds = input_pipeline.train_dataset(cfg, 1, seed=0, data_dir=str(tmp_path))
+  layout = spec.batch_layout(cfg, 1)
+  assert set(layout) == {"inputs", "targets", *spec.PACKED_FEATURES}
+  batches = list(ds.take(rows + 1).as_numpy_iterator())
+  for batch in batches:
+    assert {k: (v.shape, v.dtype) for k, v in batch.items()} == {
+        k: (shape, np.dtype(dtype)) for k, (shape, dtype, _) in layout.items()}
+  per_row = [_unpack(b) for b in batches]
+  assert [p for row in per_row[:rows] for p in row] == kept
+  assert per_row[rows] == per_row[0]                     # then the next epoch, the same rows
+  for row, following in zip(per_row[:rows - 1], per_row[1:rows]):
+    source, target = following[0]                        # greedy: it did not fit
+    assert (sum(map(len, (p[0] for p in row))) + len(source) > PACKED_LENGTH or
+            sum(map(len, (p[1] for p in row))) + len(target) > PACKED_LENGTH)
+  ctx = types.SimpleNamespace(data_dir=str(tmp_path))
+  assert input_pipeline.data_source(cfg, ctx) == (str(tmp_path), rows)   # train_samples
+  assert spec.sample_unit(cfg) == "packed rows"
+
+
+def test_packed_rows_over_two_shards_and_two_hosts_count_the_same(wmt):
+  """Rows never span two files, so the epoch's row count is the same for one host or two, and
+  the two hosts' rows together hold every kept pair once."""
+  cfg = _cfg(packing=True)
+  kept = _kept(wmt.pairs, PACKED_LENGTH)
+  files = input_pipeline.tfrecord_files(wmt.dir, "*train*")
+  total = input_pipeline.count_rows(files, cfg.data)
+  per_host = [input_pipeline.count_rows(files[h::2], cfg.data) for h in range(2)]
+  assert sum(per_host) == total
+  pairs = []
+  for host in range(2):
+    ds = input_pipeline.train_dataset(cfg, 2, seed=0, data_dir=wmt.dir, process_index=host,
+                                      process_count=2)
+    for batch in ds.take(per_host[host]).as_numpy_iterator():
+      pairs += _unpack(batch)
+  assert collections.Counter(pairs) == collections.Counter(kept)
+
+
+def test_synthetic_packed_batch_is_laid_out_as_packed_rows():
+  cfg = spec.synthetic()
+  assert cfg.data.packing
+  batch = input_pipeline.synthetic_batch(cfg, 3, seed=0)
+  assert set(batch) == set(spec.batch_layout(cfg, 3))
+  pairs = _unpack(batch)
+  assert len(pairs) > 3 * 4                             # rows of 256, examples of <= 64
+  for source, target in pairs:
+    assert source[-1] == target[-1] == EOS_ID and len(source) == len(target) >= 2
+    assert all(2 <= i < cfg.model.vocab_size for i in source[:-1] + target[:-1])
 
 
 # ----------------------------------------------------------------------------- eval
@@ -393,7 +478,7 @@ def test_derive_sets_the_mini_vocabulary_size_and_refuses_zero_elsewhere():
 # ----------------------------------------------------------------------------- synthetic
 
 def test_synthetic_batch_has_the_real_shapes_ids_then_eos_then_zeros():
-  cfg = spec.SPEC.configure("synthetic")
+  cfg = spec.SPEC.configure("synthetic", ["data.packing=false"])
   batch = input_pipeline.synthetic_batch(cfg, 16, seed=0)
   layout = spec.batch_layout(cfg, 16)
   assert set(batch) == set(layout)

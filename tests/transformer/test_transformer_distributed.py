@@ -1,8 +1,9 @@
 """The Transformer trainers on simulated devices (JAX: 8 simulated CPU devices; TF: logical CPU
 devices), on the mini set: the distributed BLEU eval translates every sentence exactly once and
 scores what one device scores, and data parallel with weight-update sharding equals one device
-over several Adam steps. Dropout is off (its masks are drawn per device). One trainer pair per
-framework does both: building and tracing them is most of the time."""
+over several Adam steps, on packed rows (their segment and position features split over the
+devices with the tokens). Dropout is off (its masks are drawn per device). One trainer pair
+per framework does both: building and tracing them is most of the time."""
 import jax
 import numpy as np
 import pytest
@@ -14,7 +15,8 @@ GBS = 16
 
 
 def tiny_config(source="synthetic", **parallel):
-  overrides = [f"data.source={source}", "model.dropout=0", "model.attention_dropout=0",
+  overrides = [f"data.source={source}", "data.packing=true", "model.dropout=0",
+               "model.attention_dropout=0",
                "model.relu_dropout=0", f"train.global_batch_size={GBS}",
                "optimizer.warmup_steps=2", "data.max_length=12", "data.eval_max_length=12"]
   if source == "synthetic":

@@ -159,6 +159,39 @@ def test_eval_logits_agree(models):
   assert rel_err(other, jax_logits) > 1e3 * TOL
 
 
+def packed_and_alone():
+  """Two examples packed into one row (inputs 4 + 2 of 7 ids, one padding; targets 3 + 3 of 6,
+  full), as common/packing.py lays them out, and the same two as an ordinary padded batch."""
+  alone = {"inputs": padded([[5, 9, 4], [7]], 7), "targets": padded([[3, 8], [6, 2]], 6)}
+  packed = {"inputs": np.array([[5, 9, 4, 1, 7, 1, 0]], np.int32),
+            "targets": np.array([[3, 8, 1, 6, 2, 1]], np.int32),
+            "inputs_segmentation": np.array([[1, 1, 1, 1, 2, 2, 0]], np.int32),
+            "inputs_position": np.array([[0, 1, 2, 3, 0, 1, 0]], np.int32),
+            "targets_segmentation": np.array([[1, 1, 1, 2, 2, 2]], np.int32),
+            "targets_position": np.array([[0, 1, 2, 0, 1, 2]], np.int32)}
+  return packed, alone
+
+
+def test_a_packed_row_gives_each_example_its_logits_alone(models):
+  """Segment masks, per-example positions and the decoder's restart at each example: each
+  example of a packed row gets the logits it gets alone, in both frameworks; TF = JAX."""
+  flax_model, params, keras_model, _ = models
+  packed, alone = packed_and_alone()
+  features = spec.packed_features(packed)
+  jax_packed = flax_model.apply({"params": params}, packed["inputs"], packed["targets"],
+                                packed=features)
+  jax_alone = forward(flax_model, params, alone["inputs"], alone["targets"])
+  tf_packed = keras_model(packed["inputs"], packed["targets"], training=False,
+                          packed={k: tf.constant(v) for k, v in features.items()})
+  for logits in (np.asarray(jax_packed), tf_packed.numpy()):
+    assert rel_err(logits[0, :3], jax_alone[0, :3]) < TOL
+    assert rel_err(logits[0, 3:], jax_alone[1, :3]) < TOL
+  assert rel_err(tf_packed, jax_packed) < TOL
+  # without the segments the second example sees the first: different logits
+  mixed = forward(flax_model, params, packed["inputs"], packed["targets"])
+  assert rel_err(mixed[0, 3:], jax_alone[1, :3]) > 1e-3
+
+
 # ----------------------------------------------------------------------------- loss
 
 def numpy_smoothed_loss(logits, labels, s):

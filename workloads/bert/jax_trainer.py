@@ -76,7 +76,7 @@ class BertTrainer(MeshTrainer):
       params = jax_model.load_tf1_checkpoint(
           jax.eval_shape(self.init_params, rng), input_pipeline.checkpoint_path(self.cfg, self.ctx),
           self.cfg.model.num_layers)
-    self.state = jax.jit(self._create_state, out_shardings=shardings)(rng, params)
+    self.state = self.initial_state(shardings, rng, params)
     self.compile_steps(functools.partial(train_step, runtime=self.runtime), shardings)
 
   def eval_step(self, state, batch):

@@ -53,9 +53,11 @@ def tfrecord_files(data_dir, pattern, what="TFRecords"):
   return files
 
 
-def sharded_records(files, seed, process_index=0, process_count=1, cycle_length=8):
+def sharded_records(files, seed, process_index=0, process_count=1, cycle_length=8,
+                    reader=tf.data.TFRecordDataset):
   """Shuffled, repeated records of this host: files are split over hosts when there are
-  enough of them, records otherwise, so each example is read by exactly one host."""
+  enough of them, records otherwise, so each example is read by exactly one host. `reader`
+  turns a file name into its dataset (records, or rows made of one file's records)."""
   ds = tf.data.Dataset.from_tensor_slices(files)
   host_files = len(files)
   if len(files) >= process_count:
@@ -64,7 +66,7 @@ def sharded_records(files, seed, process_index=0, process_count=1, cycle_length=
   # At most this host's file count open at once: more slots would open the next epoch's
   # copies of the same files alongside them (one file a host: every record read twice in a row).
   ds = ds.shuffle(len(files), seed=seed, reshuffle_each_iteration=True).repeat()
-  ds = ds.interleave(tf.data.TFRecordDataset, cycle_length=min(host_files, cycle_length),
+  ds = ds.interleave(reader, cycle_length=min(host_files, cycle_length),
                      num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)
   if len(files) < process_count:
     ds = ds.shard(process_count, process_index)

@@ -108,7 +108,7 @@ class EfficientNetTrainer(MeshTrainer):
   def init(self):
     rng = jax.random.key(self.ctx.seed)
     shardings = self.state_shardings(self._create_state, rng)
-    self.state = jax.jit(self._create_state, out_shardings=shardings)(rng)
+    self.state = self.initial_state(shardings, rng)
     step = functools.partial(train_step, runtime=self.runtime,
                              num_classes=self.cfg.model.num_classes,
                              label_smoothing=self.cfg.optimizer.label_smoothing,

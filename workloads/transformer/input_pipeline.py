@@ -5,6 +5,9 @@ shards of tf.train.Example with int64 lists 'inputs' and 'targets', subtoken ids
 (1). Pairs where either side is longer than data.max_length are discarded (the reference's
 filter, and the rules' `max_sequence_length` method 'discard'); the rest are padded with 0 to
 max_length, shuffled and batched in rows of sentence pairs, each host reading its own files.
+With data.packing, each file's pairs are packed in file order into rows of max_length
+(workloads/common/packing.py) before the rows are shuffled: the row count of an epoch is then
+the same on every pass and for any host split, and is what the log counts as train_samples.
 
 Eval follows the reference's translate-and-score loop: the raw source sentences
 (newstest2014.en) are encoded with the run's vocabulary once (host Python, cached), padded to
@@ -22,7 +25,7 @@ import os
 import numpy as np
 import tensorflow as tf
 
-from workloads.common import mini_cache
+from workloads.common import mini_cache, packing
 from workloads.common.batching import host_slice, padded_eval, sharded_records, tfrecord_files
 from workloads.transformer import mini_corpus, spec, subwords
 
@@ -46,18 +49,37 @@ def pad_to(example, max_length):
           for k, v in example.items()}
 
 
-def _pairs(records, max_length):
+def _kept(records, max_length):
+  """Parsed pairs no longer than max_length (unpadded)."""
   ds = records.map(lambda s: parse(s, max_length), num_parallel_calls=tf.data.AUTOTUNE)
-  return ds.filter(lambda ex: fits(ex, max_length)).map(
-      lambda ex: pad_to(ex, max_length), num_parallel_calls=tf.data.AUTOTUNE)
+  return ds.filter(lambda ex: fits(ex, max_length))
+
+
+def _rows(records, data_cfg):
+  """Training rows of one stream of records: pairs padded to max_length, or packed."""
+  ds = _kept(records, data_cfg.max_length)
+  if data_cfg.packing:
+    return packing.pack(ds, data_cfg.max_length)
+  return ds.map(lambda ex: pad_to(ex, data_cfg.max_length), num_parallel_calls=tf.data.AUTOTUNE)
+
+
+def _file_rows(data_cfg):
+  """A file name -> its rows (packing never spans two files)."""
+  return lambda path: _rows(tf.data.TFRecordDataset(path), data_cfg)
+
+
+def count_rows(files, data_cfg) -> int:
+  """The rows one pass over `files` yields (packed: fewer than pairs)."""
+  ds = tf.data.Dataset.from_tensor_slices(files).flat_map(_file_rows(data_cfg))
+  return packing.count_rows(ds)
 
 
 def tfrecord_train(data_cfg, global_batch_size, seed, data_dir, process_index=0,
                    process_count=1):
-  """This host's shuffled, repeated batches of global_batch_size / process_count pairs."""
+  """This host's shuffled, repeated batches of global_batch_size / process_count rows."""
   files = tfrecord_files(data_dir, data_cfg.train_pattern, "WMT TFRecords")
-  ds = sharded_records(files, seed, process_index, process_count)
-  ds = _pairs(ds, data_cfg.max_length).shuffle(data_cfg.shuffle_buffer, seed=seed)
+  ds = sharded_records(files, seed, process_index, process_count, reader=_file_rows(data_cfg))
+  ds = ds.shuffle(data_cfg.shuffle_buffer, seed=seed)
   return ds.batch(global_batch_size // process_count, drop_remainder=True).prefetch(
       tf.data.AUTOTUNE)
 
@@ -65,8 +87,9 @@ def tfrecord_train(data_cfg, global_batch_size, seed, data_dir, process_index=0,
 def mini_train(data_cfg, data_dir, global_batch_size, seed, process_index=0, process_count=1):
   """Every host slices the same seeded global batch, so batches do not depend on the host
   count (as the other mini pipelines)."""
-  records = tf.data.TFRecordDataset(tfrecord_files(data_dir, "train-*")).cache()
-  ds = _pairs(records.repeat(), data_cfg.max_length).shuffle(data_cfg.shuffle_buffer, seed=seed)
+  files = tfrecord_files(data_dir, "train-*")
+  ds = tf.data.Dataset.from_tensor_slices(files).flat_map(_file_rows(data_cfg)).cache()
+  ds = ds.repeat().shuffle(data_cfg.shuffle_buffer, seed=seed)
   ds = ds.batch(global_batch_size, drop_remainder=True)
   return host_slice(ds, global_batch_size, process_index, process_count).prefetch(
       tf.data.AUTOTUNE)
@@ -172,25 +195,54 @@ def train_dataset(cfg, global_batch_size, seed, data_dir, process_index=0, proce
 
 def data_source(cfg, ctx):
   """(data folder, train_samples to log). Mini: generates its files once (untimed, like the
-  reference's offline data_download.py) under --data-dir or ~/.cache."""
-  if cfg.data.source == "mini":
+  reference's offline data_download.py) under --data-dir or ~/.cache. Packed: the rows one
+  pass over the training files packs into, counted here (before init) unless
+  data.train_examples gives it."""
+  d = cfg.data
+  if d.source == "mini":
     root = os.path.join(ctx.data_dir, "transformer_mini") if ctx.data_dir else None
-    info = prepare_mini(cfg.data, root)
+    info = prepare_mini(d, root)
     if info["vocab_size"] != cfg.model.vocab_size:
       raise ValueError(f"model.vocab_size={cfg.model.vocab_size} does not match the mini "
                        f"vocabulary ({info['vocab_size']}); allowed: 0 (its size)")
-    return info["dir"], cfg.data.train_examples or info["train_examples"]
-  return ctx.data_dir, spec.train_samples(cfg)
+    folder, pattern, pairs = info["dir"], "train-*", info["train_examples"]
+  else:
+    folder, pattern, pairs = ctx.data_dir, d.train_pattern, None
+  if d.train_examples or not (d.packing and d.source != "synthetic"):
+    return folder, d.train_examples or pairs or spec.train_samples(cfg)
+  return folder, count_rows(tfrecord_files(folder, pattern, "WMT TFRecords"), d)
 
 
 def synthetic_batch(cfg, batch_size, seed):
-  """One random batch of the real shapes (numpy): random ids, EOS, then padding."""
+  """One random batch of the real shapes (numpy): random ids, EOS, then padding; packed, rows
+  of several examples of random lengths."""
   rng = np.random.default_rng(seed)
   length = cfg.data.max_length
+  positions = np.arange(length)[None]
+  if cfg.data.packing:
+    return _synthetic_packed(rng, cfg.model.vocab_size, batch_size, length)
   def rows():
     ids = rng.integers(2, cfg.model.vocab_size, (batch_size, length)).astype(np.int32)
     ends = rng.integers(length // 2, length, batch_size)
-    positions = np.arange(length)[None]
     ids = np.where(positions == ends[:, None], subwords.EOS_ID, ids)
     return np.where(positions > ends[:, None], 0, ids).astype(np.int32)
   return {"inputs": rows(), "targets": rows()}
+
+
+def _synthetic_packed(rng, vocab_size, batch_size, length):
+  """Rows of EOS-ended examples of 2..length/4 tokens; source and target share the split."""
+  segments, positions = (np.zeros((batch_size, length), np.int32) for _ in range(2))
+  for row in range(batch_size):
+    start, segment = 0, 1
+    while start < length - 1:
+      size = min(int(rng.integers(2, max(3, length // 4 + 1))), length - start)
+      segments[row, start:start + size] = segment
+      positions[row, start:start + size] = np.arange(size)
+      start, segment = start + size, segment + 1
+  last = (segments > 0) & (np.roll(segments, -1, axis=1) != segments)
+  batch = {}
+  for name in ("inputs", "targets"):
+    ids = rng.integers(2, vocab_size, (batch_size, length)).astype(np.int32)
+    ids = np.where(last, subwords.EOS_ID, np.where(segments > 0, ids, 0)).astype(np.int32)
+    batch.update({name: ids, f"{name}_segmentation": segments, f"{name}_position": positions})
+  return batch

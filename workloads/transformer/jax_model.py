@@ -47,6 +47,25 @@ def causal_bias(length, dtype=jnp.float32):
   return jnp.asarray(np.where(allowed, 0.0, formulas.ATTENTION_MASK), dtype)[None, None]
 
 
+def segment_bias(query_segments, key_segments, dtype=jnp.float32, causal=False):
+  """Packed rows (workloads/common/packing.py): [B, 1, Lq, Lk], -1e9 where query and key
+  belong to different examples of the row, the key is padding (segment 0) or, causal, later."""
+  allowed = ((query_segments[:, :, None] == key_segments[:, None, :])
+             & (key_segments[:, None, :] != 0))
+  if causal:
+    allowed &= jnp.asarray(np.tril(np.ones((query_segments.shape[1],) * 2, bool)))[None]
+  return jnp.where(allowed, 0.0, formulas.ATTENTION_MASK).astype(dtype)[:, None]
+
+
+def shift_right(targets, segments=None):
+  """The decoder's inputs: targets one position later, start id 0 first (as the reference);
+  in a packed row, also at the first position of each example."""
+  shifted = jnp.pad(targets, ((0, 0), (1, 0)))[:, :-1]
+  if segments is not None:
+    shifted *= (segments == jnp.pad(segments, ((0, 0), (1, 0)))[:, :-1]).astype(shifted.dtype)
+  return shifted
+
+
 class Attention(nn.Module):
   hidden_size: int
   num_heads: int
@@ -232,26 +251,43 @@ class Transformer(nn.Module):
     x = self.embedding_shared(ids).astype(self.dtype)
     return x * (ids != PAD_ID)[..., None].astype(self.dtype) * self.cfg.hidden_size ** 0.5
 
-  def _embed(self, ids, train):
+  def _embed(self, ids, train, positions=None):
+    """Lookups plus position encodings: of positions 0..L-1, or of each packed example's own
+    `positions` [B, L]."""
     table = jnp.asarray(formulas.position_encoding(ids.shape[1], self.cfg.hidden_size))
-    x = self._lookup(ids) + table.astype(self.dtype)[None]
+    table = table[None] if positions is None else jnp.take(table, positions, axis=0)
+    x = self._lookup(ids) + table.astype(self.dtype)
     return self.embedding_dropout(x, deterministic=not train)
 
-  def encode(self, inputs, train=False):
-    """-> (encoder outputs [B, L, H], its attention bias [B, 1, 1, L])."""
-    bias = padding_bias(inputs, accumulation_dtype(self.dtype))
-    return self.encoder(self._embed(inputs, train), bias, train), bias
+  def encode(self, inputs, train=False, packed=None):
+    """-> (encoder outputs [B, L, H], its attention bias [B, 1, 1, L]). `packed`: a packed
+    batch's segmentation and position features (then the bias is [B, 1, L, L])."""
+    acc = accumulation_dtype(self.dtype)
+    if packed is None:
+      bias = padding_bias(inputs, acc)
+      return self.encoder(self._embed(inputs, train), bias, train), bias
+    segments = packed["inputs_segmentation"]
+    bias = segment_bias(segments, segments, acc)
+    x = self._embed(inputs, train, packed["inputs_position"])
+    return self.encoder(x, bias, train), bias
 
   def logits(self, x):
     return self.embedding_shared.attend(x.astype(self.dtype)).astype(
         accumulation_dtype(self.dtype))
 
-  def __call__(self, inputs, targets, train=False):
-    encoded, encoder_bias = self.encode(inputs, train)
-    shifted = jnp.pad(targets, ((0, 0), (1, 0)))[:, :-1]      # start id 0, as the reference
-    self_bias = causal_bias(targets.shape[1], accumulation_dtype(self.dtype))
-    x = self.decoder(self._embed(shifted, train), encoded, self_bias, encoder_bias, train)
-    return self.logits(x)
+  def __call__(self, inputs, targets, train=False, packed=None):
+    """`packed`: the segmentation and position features of packed rows, or None."""
+    acc = accumulation_dtype(self.dtype)
+    encoded, encoder_bias = self.encode(inputs, train, packed)
+    if packed is None:
+      self_bias = causal_bias(targets.shape[1], acc)
+      x = self._embed(shift_right(targets), train)
+    else:
+      segments = packed["targets_segmentation"]
+      self_bias = segment_bias(segments, segments, acc, causal=True)
+      encoder_bias = segment_bias(segments, packed["inputs_segmentation"], acc)
+      x = self._embed(shift_right(targets, segments), train, packed["targets_position"])
+    return self.logits(self.decoder(x, encoded, self_bias, encoder_bias, train))
 
   # ------------------------------------------------------------------ decoding
   def init_cache(self, encoded, max_decode_length):

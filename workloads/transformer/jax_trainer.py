@@ -28,7 +28,7 @@ def loss_fn(params, apply_fn, batch, label_smoothing, rng=None):
   """(mean smoothed cross entropy over the batch's target tokens, token count)."""
   train = rng is not None
   logits = apply_fn({"params": params}, batch["inputs"], batch["targets"], train=train,
-                    rngs={"dropout": rng} if train else None)
+                    packed=spec.packed_features(batch), rngs={"dropout": rng} if train else None)
   total, count = jax_model.smoothed_cross_entropy(logits, batch["targets"], label_smoothing)
   return total / jnp.maximum(count, 1.0), count
 
@@ -87,7 +87,7 @@ class TransformerTrainer(MeshTrainer):
   def init(self):
     rng = jax.random.key(self.ctx.seed)
     shardings = self.state_shardings(self._create_state, rng)
-    self.state = jax.jit(self._create_state, out_shardings=shardings)(rng)
+    self.state = self.initial_state(shardings, rng)
     self.compile_steps(functools.partial(train_step, runtime=self.runtime,
                                          label_smoothing=self.cfg.optimizer.label_smoothing),
                        shardings)

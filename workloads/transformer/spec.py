@@ -7,9 +7,12 @@ tokenized WMT17 TFRecords its data_download.py writes, and after every epoch tra
 newstest2014 with beam search (beam 4, alpha 0.6, up to input length + 50 tokens) and scores
 uncased BLEU (compute_bleu.py) until it reaches 25.0. BLEU is logged as eval_accuracy / 100.
 
-A batch here is rows of sentence pairs padded to `data.max_length` tokens (fixed shapes: one
-compiled step); `global_batch_size` and `train_samples` count sentence pairs, and training
-pairs longer than max_length are discarded (`max_sequence_length`, method discard).
+A batch is rows of `data.max_length` tokens (fixed shapes: one compiled step), and training
+pairs longer than max_length are discarded (`max_sequence_length`, method discard). A row holds
+one sentence pair and padding, or with `data.packing` as many pairs as fit (Google's v0.7 JAX
+submission: 2,048 packed rows of 256 per step, `train_samples` 566,340 rows an epoch; padding
+otherwise takes most of a WMT row). `global_batch_size`, `train_samples` and epochs count rows
+(= sentence pairs when not packed); the log's global_batch_size says which in its metadata.
 """
 import dataclasses
 import os
@@ -69,8 +72,10 @@ class DataConfig:
   eval_source: str = "newstest2014.en"
   eval_reference: str = "newstest2014.de"
   max_length: int = 256               # training pairs longer than this are discarded
+  packing: bool = False               # several pairs per row (common/packing.py); rows = samples
   eval_max_length: int = 256          # eval inputs are padded (or cut) to this many tokens
-  train_examples: int = 0             # logged train_samples; 0: rules/transformer.yaml's count
+  train_examples: int = 0             # logged train_samples; 0: rules/ (pairs) or, packed,
+                                      # the rows one pass over the training files packs into
   eval_examples: int = 3003           # newstest2014 sentences
   eval_batch_size: int = 64
   shuffle_buffer: int = 10_000
@@ -98,13 +103,13 @@ class TransformerConfig:
 def reference() -> TransformerConfig:
   """The reference's big model and recipe (run_training.sh --params=big): base lr 2.0, warmup
   16,000 steps, betas 0.9/0.997, target 25.0 BLEU from rules/, eval every epoch. The
-  reference batches 2,048 tokens per GPU by length buckets; here 256 rows of up to 256
-  tokens (about the token count of the reference's 8-GPU run, ~25k tokens after padding)."""
+  reference batches 4,096 tokens per GPU by length buckets (8 GPUs: ~32k tokens a step); here
+  128 packed rows of 256 tokens (~29k tokens at ~90% fill), Google's v0.7 layout."""
   mlperf = rules.load("transformer")
-  train = TrainConfig(global_batch_size=256, target=mlperf.target, precision="bfloat16",
+  train = TrainConfig(global_batch_size=128, target=mlperf.target, precision="bfloat16",
                       max_epochs=30.0)
   cadence.apply_rules(train, mlperf.eval_cadence)
-  return TransformerConfig(train=train)
+  return TransformerConfig(data=DataConfig(packing=True), train=train)
 
 
 def synthetic() -> TransformerConfig:
@@ -153,14 +158,29 @@ def derive(cfg: TransformerConfig):
 
 def batch_layout(cfg: TransformerConfig, batch_size: int, with_mask: bool = False) -> dict:
   """{name: (shape, dtype, logical axes)}. Train: 'inputs' and 'targets', subtoken ids ending
-  in EOS, padded with 0. Eval: 'inputs' (padded to eval_max_length), 'index' (the sentence's
+  in EOS, padded with 0; packed, also each one's '_segmentation' and '_position'
+  (PACKED_FEATURES). Eval: 'inputs' (padded to eval_max_length), 'index' (the sentence's
   line in the eval files, for the host-side BLEU) and 'mask' (1 real, 0 padding)."""
   if with_mask:
     return {"inputs": ((batch_size, cfg.data.eval_max_length), "int32", ("batch", "length")),
             "index": ((batch_size,), "int32", ("batch",)),
             "mask": ((batch_size,), "float32", ("batch",))}
   tokens = ((batch_size, cfg.data.max_length), "int32", ("batch", "length"))
-  return {"inputs": tokens, "targets": tokens}
+  names = ("inputs", "targets") + (PACKED_FEATURES if cfg.data.packing else ())
+  return {name: tokens for name in names}
+
+
+PACKED_FEATURES = ("inputs_segmentation", "inputs_position", "targets_segmentation",
+                   "targets_position")
+
+
+def packed_features(batch) -> dict | None:
+  """The packing features of a train batch, or None when its rows are not packed."""
+  return ({k: batch[k] for k in PACKED_FEATURES} if PACKED_FEATURES[0] in batch else None)
+
+
+def sample_unit(cfg: TransformerConfig) -> str:
+  return "packed rows" if cfg.data.packing else "sentence pairs"
 
 
 # Every parameter's logical axes (flax paths; the Keras model uses the same names). Attention
@@ -186,6 +206,8 @@ def schedule_for(cfg: TransformerConfig) -> schedules.RsqrtSchedule:
 
 
 def train_samples(cfg: TransformerConfig) -> int:
+  """Unpacked: data.train_examples, else the rules' sentence-pair count (packed rows are
+  counted by input_pipeline.data_source)."""
   return cfg.data.train_examples or int(rules.load("transformer").eval_cadence["train_samples"])
 
 
@@ -228,4 +250,5 @@ SPEC = WorkloadSpec(
     data_dir_contents=("the reference's data_download.py output: wmt32k-train-*, "
                        "vocab.ende.32768, newstest2014.en, newstest2014.de"),
     missing_data=missing_data,
+    sample_unit=sample_unit,
 )

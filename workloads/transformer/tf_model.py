@@ -225,29 +225,41 @@ class Transformer(keras.Model):
     mask = ops.cast(ops.not_equal(ids, PAD_ID), x.dtype)[..., None]
     return x * mask * self.cfg.hidden_size ** 0.5
 
-  def _embed(self, ids, training):
+  def _embed(self, ids, training, positions=None):
     table = formulas.position_encoding(ids.shape[1], self.cfg.hidden_size)
     x = self._lookup(ids)
-    x = x + ops.cast(table, x.dtype)[None]
+    table = table[None] if positions is None else ops.take(table, positions, axis=0)
+    x = x + ops.cast(table, x.dtype)
     return self.embedding_dropout(x, training=training)
 
-  def encode(self, inputs, training=False):
-    bias = ops.where(ops.equal(inputs, PAD_ID), formulas.ATTENTION_MASK, 0.0)
-    bias = ops.cast(bias, self.acc)[:, None, None, :]
-    return self.encoder(self._embed(inputs, training), bias, training=training), bias
+  def encode(self, inputs, training=False, packed=None):
+    """-> (encoder outputs, their attention bias); `packed` as in jax_model.Transformer."""
+    if packed is None:
+      bias = ops.where(ops.equal(inputs, PAD_ID), formulas.ATTENTION_MASK, 0.0)
+      bias = ops.cast(bias, self.acc)[:, None, None, :]
+      return self.encoder(self._embed(inputs, training), bias, training=training), bias
+    segments = packed["inputs_segmentation"]
+    bias = segment_bias(segments, segments, self.acc)
+    x = self._embed(inputs, training, packed["inputs_position"])
+    return self.encoder(x, bias, training=training), bias
 
   def logits(self, x):
     table = ops.cast(self.embedding, x.dtype)
     return ops.cast(ops.einsum("bld,vd->blv", x, table), self.acc)
 
-  def call(self, inputs, targets, training=False):
-    encoded, encoder_bias = self.encode(inputs, training)
-    length = targets.shape[1]
-    shifted = ops.pad(targets, ((0, 0), (1, 0)))[:, :-1]
-    causal = np.where(np.tril(np.ones((length, length), bool)), 0.0, formulas.ATTENTION_MASK)
-    self_bias = ops.cast(causal, self.acc)[None, None]
-    x = self.decoder(self._embed(shifted, training), self_bias, encoded, encoder_bias,
-                     training=training)
+  def call(self, inputs, targets, training=False, packed=None):
+    encoded, encoder_bias = self.encode(inputs, training, packed)
+    if packed is None:
+      length = targets.shape[1]
+      causal = np.where(np.tril(np.ones((length, length), bool)), 0.0, formulas.ATTENTION_MASK)
+      self_bias = ops.cast(causal, self.acc)[None, None]
+      x = self._embed(shift_right(targets), training)
+    else:
+      segments = packed["targets_segmentation"]
+      self_bias = segment_bias(segments, segments, self.acc, causal=True)
+      encoder_bias = segment_bias(segments, packed["inputs_segmentation"], self.acc)
+      x = self._embed(shift_right(targets, segments), training, packed["targets_position"])
+    x = self.decoder(x, self_bias, encoded, encoder_bias, training=training)
     return self.logits(x)
 
   # ------------------------------------------------------------------ decoding
@@ -288,6 +300,27 @@ class Transformer(keras.Model):
         walk((stack_name, f"layer_{i}"), block)
       walk((stack_name, "output_norm"), stack.output_norm)
     return out
+
+
+def segment_bias(query_segments, key_segments, dtype, causal=False):
+  """jax_model.segment_bias: [B, 1, Lq, Lk], -1e9 across examples of a packed row, on padding
+  keys and (causal) on later positions."""
+  allowed = ops.logical_and(
+      ops.equal(query_segments[:, :, None], key_segments[:, None, :]),
+      ops.not_equal(key_segments[:, None, :], 0))
+  if causal:
+    length = query_segments.shape[1]
+    allowed = ops.logical_and(allowed, np.tril(np.ones((length, length), bool))[None])
+  return ops.cast(ops.where(allowed, 0.0, formulas.ATTENTION_MASK), dtype)[:, None]
+
+
+def shift_right(targets, segments=None):
+  """jax_model.shift_right: start id 0 first, and at each packed example's first position."""
+  shifted = ops.pad(targets, ((0, 0), (1, 0)))[:, :-1]
+  if segments is not None:
+    same = ops.equal(segments, ops.pad(segments, ((0, 0), (1, 0)))[:, :-1])
+    shifted = shifted * ops.cast(same, shifted.dtype)
+  return shifted
 
 
 def position_at(i, hidden_size):

@@ -31,7 +31,8 @@ def smoothed_cross_entropy(logits, labels, label_smoothing):
 
 def replica_loss(model, batch, label_smoothing, training=True):
   """This replica's share of the global mean loss (sum over replicas == the global loss)."""
-  logits = model(batch["inputs"], batch["targets"], training=training)
+  logits = model(batch["inputs"], batch["targets"], training=training,
+                 packed=spec.packed_features(batch))
   total, count = smoothed_cross_entropy(logits, batch["targets"], label_smoothing)
   replica = tf.distribute.get_replica_context()
   global_count = replica.all_reduce(tf.distribute.ReduceOp.SUM, count) if replica else count
