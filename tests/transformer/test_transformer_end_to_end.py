@@ -7,6 +7,8 @@ import json
 import pandas as pd
 import pytest
 
+from workloads.transformer import input_pipeline, spec
+
 pytestmark = pytest.mark.slow
 
 
@@ -31,10 +33,16 @@ def test_mini_transformer_reaches_bleu_target_and_log_passes_the_checker(cli, tm
   expected = {"submission_benchmark": "transformer", "opt_name": "adam",
               "opt_base_learning_rate": 1.0, "opt_learning_rate_warmup_steps": 200,
               "opt_adam_beta_1": 0.9, "opt_adam_beta_2": 0.98, "opt_adam_epsilon": 1e-9,
-              "max_sequence_length": 24, "global_batch_size": 64, "train_samples": 6000,
-              "eval_samples": 200}
+              "max_sequence_length": 24, "global_batch_size": 64, "eval_samples": 200}
   for key, value in expected.items():
     assert by_key[key]["value"] == pytest.approx(value), key
+  # packed rows: the batch and the epoch count rows, as many as packing the files gives
+  assert by_key["global_batch_size"]["metadata"]["samples"] == "packed rows"
+  cfg = spec.SPEC.configure("mini")
+  folder = input_pipeline.prepare_mini(cfg.data, str(tmp_path / "data" / "transformer_mini"))
+  rows = input_pipeline.count_rows(input_pipeline.tfrecord_files(folder["dir"], "train-*"),
+                                   cfg.data)
+  assert by_key["train_samples"]["value"] == rows and 6000 / 3 < rows < 6000 * 0.8
   assert by_key["max_sequence_length"]["metadata"]["method"] == "discard"
   # BLEU is logged as eval_accuracy / 100, once per epoch
   accuracies = [e for e in events if e["key"] == "eval_accuracy"]
