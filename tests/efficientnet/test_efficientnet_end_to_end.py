@@ -38,10 +38,10 @@ def test_mini_efficientnet_reaches_target_and_log_passes_the_checker(cli, tmp_pa
 
 
 def test_large_batch_recipe_logs_its_keys_and_passes_the_checker(cli, tmp_path):
-  """The LARS recipe on the mini set (one epoch: the keys, not the target), and a log that
-  lacks one of them fails the rule file's recipe check."""
+  """The LARS recipe on the mini set (16 steps and the eval after them: the keys, not the
+  target), and a log that lacks one of them fails the rule file's recipe check."""
   results_csv = tmp_path / "results.csv"
-  proc = cli("run", "efficientnet", "--preset", "mini_large_batch", "--steps", "64",
+  proc = cli("run", "efficientnet", "--preset", "mini_large_batch", "--steps", "16",
              "--results", str(results_csv), "--log-dir", str(tmp_path / "logs"))
   row = pd.read_csv(results_csv).iloc[0]          # exit 1: the run stopped short of the target
   assert proc.returncode == (0 if row["status"] == "success" else 1), proc.stderr[-2000:]
