@@ -187,6 +187,7 @@ def prepare_mini(data_cfg, cache_root=None) -> dict:
 # ----------------------------------------------------------------------------- entry points
 
 def train_dataset(cfg, global_batch_size, seed, data_dir, process_index=0, process_count=1):
+  """`data_dir`: data_source's folder (the mini or tfds set's reference-format copy)."""
   if cfg.data.source == "mini":
     return mini_train(cfg.data, data_dir, global_batch_size, seed, process_index, process_count)
   return tfrecord_train(cfg.data, global_batch_size, seed, data_dir, process_index,
@@ -206,6 +207,10 @@ def data_source(cfg, ctx):
       raise ValueError(f"model.vocab_size={cfg.model.vocab_size} does not match the mini "
                        f"vocabulary ({info['vocab_size']}); allowed: 0 (its size)")
     folder, pattern, pairs = info["dir"], "train-*", info["train_examples"]
+  elif d.source == "tfds":
+    from workloads.transformer import tfds_wmt
+    info = tfds_wmt.prepare(d, ctx.data_dir)
+    folder, pattern, pairs = info["dir"], d.train_pattern, info["train_examples"]
   else:
     folder, pattern, pairs = ctx.data_dir, d.train_pattern, None
   if d.train_examples or not (d.packing and d.source != "synthetic"):

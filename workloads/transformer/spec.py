@@ -22,6 +22,7 @@ from harness.config import TrainConfig, in_range, key_of, one_of, positive
 from harness.errors import UsageError
 from harness.mesh import ParallelConfig
 from harness.workload import Metric, WorkloadSpec
+from workloads.common import mini_cache
 from workloads.optim import schedules
 from workloads.optim.configs import AdamConfig
 from workloads.transformer import mini_corpus
@@ -66,7 +67,8 @@ class DataConfig:
   --data-dir: <data-dir>/wmt32k-train-000NN-of-00100 (tf.train.Example, int64 lists 'inputs'
   and 'targets', subtoken ids ending in EOS), the vocabulary vocab.ende.32768, and the raw
   newstest2014.en / newstest2014.de that the reference translates and scores."""
-  source: str = "tfrecord"            # tfrecord | mini (generated, written the same way) | synthetic
+  source: str = "tfrecord"            # tfrecord | tfds (tfds_wmt.py) | mini (generated, written
+                                      # the same way) | synthetic
   train_pattern: str = "*train*"      # the reference's dataset.py pattern
   vocab_file: str = "vocab.ende.32768"
   eval_source: str = "newstest2014.en"
@@ -79,14 +81,17 @@ class DataConfig:
   eval_examples: int = 3003           # newstest2014 sentences
   eval_batch_size: int = 64
   shuffle_buffer: int = 10_000
+  tfds_train_subsets: str = "newscommentary_v12,europarl_v7,commoncrawl"   # the reference's
+  tfds_eval_subset: str = "newstest2014"
+  tfds_train_shards: int = 100        # TFRecord files the tfds pairs are written into
   mini_seed: int = 4321               # the mini corpus is fixed; the run seed only shuffles it
   mini_train_pairs: int = 6000
   mini_words: int = 12                # words per word class in the mini grammar's lexicon
 
   def validate(self):
-    one_of(self, "source", ("tfrecord", "mini", "synthetic"))
+    one_of(self, "source", ("tfrecord", "tfds", "mini", "synthetic"))
     positive(self, "max_length", "eval_max_length", "eval_examples", "eval_batch_size",
-             "shuffle_buffer", "mini_train_pairs", "mini_words")
+             "shuffle_buffer", "mini_train_pairs", "mini_words", "tfds_train_shards")
     in_range(self, "max_length", 2, None)
     in_range(self, "train_examples", 0, None)
 
@@ -227,11 +232,25 @@ def mllog_hyperparameters(cfg: TransformerConfig, train_examples: int) -> dict:
           "max_sequence_length": (cfg.data.max_length, {"method": "discard"})}
 
 
+TFDS_REFERENCE_SUBSETS = ("newscommentary_v12,europarl_v7,commoncrawl", "newstest2014")
+
+
+def tfds_config_name(data_cfg) -> str:
+  """tfds WMT config name: 'mlperf' for the reference's subsets, else keyed by the subsets."""
+  chosen = (data_cfg.tfds_train_subsets, data_cfg.tfds_eval_subset)
+  if chosen == TFDS_REFERENCE_SUBSETS:
+    return "mlperf"
+  return "subsets_" + mini_cache.key({"train": chosen[0], "eval": chosen[1]})[:8]
+
+
 def missing_data(cfg, data_dir) -> list[str]:
-  if cfg.data.source != "tfrecord":
+  d = cfg.data
+  if d.source == "tfds":       # the prepared tfds dataset (tfds_wmt.py) and the vocabulary
+    prepared = os.path.join("wmt_translate", f"de-en.{tfds_config_name(d)}", "1.0.0")
+    return [p for p in (prepared, d.vocab_file) if not os.path.exists(os.path.join(data_dir, p))]
+  if d.source != "tfrecord":
     return []
   import glob
-  d = cfg.data
   missing = [] if glob.glob(os.path.join(data_dir, d.train_pattern)) else [d.train_pattern]
   return missing + [f for f in (d.vocab_file, d.eval_source, d.eval_reference)
                     if not os.path.exists(os.path.join(data_dir, f))]
@@ -250,7 +269,8 @@ SPEC = WorkloadSpec(
     split_dims=lambda cfg: {"length": cfg.data.max_length},
     param_axes=PARAM_AXES,
     data_dir_contents=("the reference's data_download.py output: wmt32k-train-*, "
-                       "vocab.ende.32768, newstest2014.en, newstest2014.de"),
+                       "vocab.ende.32768, newstest2014.en, newstest2014.de (or, with "
+                       "data.source=tfds, vocab.ende.32768 and the prepared tfds WMT dataset)"),
     missing_data=missing_data,
     sample_unit=sample_unit,
 )
