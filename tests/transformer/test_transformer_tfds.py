@@ -53,6 +53,7 @@ def test_pairs_are_encoded_once_into_reference_files_and_read_by_the_pipeline(tm
   reuses the folder; the pipeline's data_source, train and eval read it."""
   encoder = subwords.build_word_level(WORDS)
   encoder.save(str(tmp_path / "vocab.ende.32768"))
+  tfds_cfg.model.vocab_size = encoder.vocab_size
   assert spec.missing_data(tfds_cfg, str(tmp_path)) == [
       os.path.join("wmt_translate", "de-en.mlperf", "1.0.0")]
   with tfds.testing.mock_data(num_examples=12):
@@ -85,3 +86,43 @@ def test_pairs_are_encoded_once_into_reference_files_and_read_by_the_pipeline(tm
   batch = next(input_pipeline.train_dataset(tfds_cfg, 4, 0, folder).as_numpy_iterator())
   assert batch["inputs"].shape == (4, tfds_cfg.data.max_length)
   assert all(row[np.flatnonzero(row)[-1]] == subwords.EOS_ID for row in batch["targets"])
+
+
+def test_without_a_vocabulary_tfds_learns_one_that_the_reference_tokenizer_uses(tmp_path,
+                                                                               tfds_cfg):
+  """No vocab.ende.32768 in --data-dir: tfds' SubwordTextEncoder learns subwords from the
+  training text, written in the reference's format; every text round-trips through it, the
+  learned pieces shorten the encoding, and a model.vocab_size that differs is refused naming
+  the learned size."""
+  tfds_cfg.data.tfds_vocab_size = 300
+  ctx = RunContext(seed=0, preset="reference", data_dir=str(tmp_path))
+  with tfds.testing.mock_data(num_examples=40):
+    texts = [p[lang].decode("utf-8") for p in tfds_wmt.builder(
+        tfds_cfg.data, str(tmp_path)).as_dataset(split="train").as_numpy_iterator()
+             for lang in ("en", "de")]
+    info = tfds_wmt.prepare(tfds_cfg.data, str(tmp_path))
+    with pytest.raises(ValueError, match=f"allowed: {info['vocab_size']}$"):
+      input_pipeline.data_source(tfds_cfg, ctx)
+  assert info["vocab_learned"]
+  encoder = subwords.SubwordEncoder.from_file(os.path.join(info["dir"], "vocab.ende.32768"))
+  assert encoder.vocab_size == info["vocab_size"] > 100
+  for text in texts:
+    assert encoder.decode(encoder.encode(text)) == text
+  characters_only = subwords.from_learned_pieces([])   # the same alphabet, no pieces
+  ids = sum(len(encoder.encode(t)) for t in texts)
+  baseline = sum(len(characters_only.encode(t)) for t in texts)
+  assert ids < 0.8 * baseline                            # learned pieces in use
+
+
+def test_learned_pieces_keep_their_word_ends_and_escape_underscores():
+  """tfds' '_' ends a word's last piece as the reference's does; its '\\&undsc' is a literal
+  '_' (the reference escapes it as '\\u')."""
+  encoder = subwords.from_learned_pieces(["the_", "ca", "t_", "\\&undsc", "a\\&undscb_", "ing"])
+  ids = {s: i for i, s in enumerate(encoder.subtokens)}
+  assert encoder.subtokens[:2] == subwords.RESERVED
+  assert [encoder.subtokens[i] for i in range(2, 8)] == ["the_", "ca", "t_", "\\u", "a\\ub_",
+                                                         "ing"]
+  assert encoder.encode("the cat") == [ids["the_"], ids["ca"], ids["t_"]]
+  assert encoder.encode("_") == [ids["\\u"], ids["_"]]   # "_" is a token of its own
+  assert encoder.decode(encoder.encode("singing a_b the")) == "singing a_b the"
+  assert all(c in ids for c in "abcdefghijklmnopqrstuvwxyz\\_u;0123456789 ")

@@ -210,6 +210,10 @@ def data_source(cfg, ctx):
   elif d.source == "tfds":
     from workloads.transformer import tfds_wmt
     info = tfds_wmt.prepare(d, ctx.data_dir)
+    if info["vocab_size"] != cfg.model.vocab_size:
+      raise ValueError(f"model.vocab_size={cfg.model.vocab_size} does not match the vocabulary "
+                       f"of {info['dir']} ({info['vocab_size']} entries); allowed: "
+                       f"{info['vocab_size']}")
     folder, pattern, pairs = info["dir"], d.train_pattern, info["train_examples"]
   else:
     folder, pattern, pairs = ctx.data_dir, d.train_pattern, None

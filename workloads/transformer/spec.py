@@ -84,6 +84,8 @@ class DataConfig:
   tfds_train_subsets: str = "newscommentary_v12,europarl_v7,commoncrawl"   # the reference's
   tfds_eval_subset: str = "newstest2014"
   tfds_train_shards: int = 100        # TFRecord files the tfds pairs are written into
+  tfds_vocab_size: int = 32768        # without vocab_file in --data-dir: tfds learns one this
+  tfds_vocab_corpus_chars: int = 100_000_000   # size from this many characters of the pairs
   mini_seed: int = 4321               # the mini corpus is fixed; the run seed only shuffles it
   mini_train_pairs: int = 6000
   mini_words: int = 12                # words per word class in the mini grammar's lexicon
@@ -91,7 +93,8 @@ class DataConfig:
   def validate(self):
     one_of(self, "source", ("tfrecord", "tfds", "mini", "synthetic"))
     positive(self, "max_length", "eval_max_length", "eval_examples", "eval_batch_size",
-             "shuffle_buffer", "mini_train_pairs", "mini_words", "tfds_train_shards")
+             "shuffle_buffer", "mini_train_pairs", "mini_words", "tfds_train_shards",
+             "tfds_vocab_size", "tfds_vocab_corpus_chars")
     in_range(self, "max_length", 2, None)
     in_range(self, "train_examples", 0, None)
 
@@ -245,9 +248,9 @@ def tfds_config_name(data_cfg) -> str:
 
 def missing_data(cfg, data_dir) -> list[str]:
   d = cfg.data
-  if d.source == "tfds":       # the prepared tfds dataset (tfds_wmt.py) and the vocabulary
+  if d.source == "tfds":       # the prepared tfds dataset (tfds_wmt.py; a missing vocabulary
     prepared = os.path.join("wmt_translate", f"de-en.{tfds_config_name(d)}", "1.0.0")
-    return [p for p in (prepared, d.vocab_file) if not os.path.exists(os.path.join(data_dir, p))]
+    return [] if os.path.exists(os.path.join(data_dir, prepared)) else [prepared]   # is learned)
   if d.source != "tfrecord":
     return []
   import glob

@@ -14,7 +14,8 @@ vocabulary entries by greedy longest match from the left. Decoding concatenates 
 cuts at the "_" word ends, unescapes, and joins with a space between two alphanumeric runs.
 
 Vocabulary files hold one entry per line in single quotes, "<pad>" (id 0) and "<EOS>" (id 1)
-first. `build_word_level` makes a small valid vocabulary for generated test corpora.
+first. `build_word_level` makes a small valid vocabulary for generated test corpora;
+`from_learned_pieces` one from subwords learned by tfds' SubwordTextEncoder.
 """
 import itertools
 import operator
@@ -219,11 +220,39 @@ def build_word_level(words, extra_chars=""):
       # Encoding never presents a longer string to the vocabulary, so such an entry could
       # never be used.
       raise ValueError(f"{word!r} is not a single token: {split_tokens(word)}")
-  chars = (set(itertools.chain.from_iterable(words)) | set(extra_chars) | _ESCAPE_CHARS
-           | set(string.ascii_letters + string.digits + string.punctuation + " ")
-           | set(itertools.chain.from_iterable(RESERVED)))
-  chars.discard("\n")  # always escaped, so never part of an entry
+  chars = _alphabet(set(itertools.chain.from_iterable(words)) | set(extra_chars))
   # Every character of the words is a single-character entry, hence in the alphabet, so a
   # word's entry is its escaped form under any alphabet holding its characters.
   word_entries = [escape_token(word, chars) for word in words]
   return SubwordEncoder(list(RESERVED) + word_entries + sorted(chars))
+
+
+# tfds' SubwordTextEncoder writes a literal "_" inside a piece as this string.
+_TFDS_UNDERSCORE = "\\&undsc"
+
+
+def _alphabet(chars):
+  """`chars` plus the ASCII letters, digits, punctuation and space, the escape characters and
+  the reserved tokens' characters; never a newline (always escaped, so never in an entry)."""
+  return (set(chars) | _ESCAPE_CHARS | set(string.ascii_letters + string.digits
+                                           + string.punctuation + " ")
+          | set(itertools.chain.from_iterable(RESERVED))) - {"\n"}
+
+
+def from_learned_pieces(pieces):
+  """A reference-format vocabulary from subword pieces tfds' SubwordTextEncoder learned
+  (`.subwords`): a trailing "_" marks a piece that ends a word in both conventions, so each
+  piece is escaped as this tokenizer escapes (tfds' literal "_", "\\&undsc", becomes "\\u")
+  and keeps its word-end mark; then one entry per alphabet character, so any text encodes.
+  (tfds marks a word end only before a single space, so its pieces before punctuation lack
+  the mark and match here only inside a word; encoding falls back to shorter entries there.)"""
+  learned = []
+  for piece in pieces:
+    end = piece.endswith("_")
+    core = (piece[:-1] if end else piece).replace(_TFDS_UNDERSCORE, "_")
+    if core and "\n" not in core:
+      learned.append((core, end))
+  alphabet = _alphabet(itertools.chain.from_iterable(core for core, _ in learned))
+  entries = [escape_token(core, alphabet)[:None if end else -1] for core, end in learned]
+  entries = [e for e in dict.fromkeys(entries) if len(e) > 1]     # characters come last
+  return SubwordEncoder(list(RESERVED) + entries + sorted(alphabet))

@@ -9,7 +9,8 @@ explicit subsets) over the same download code. Prepare it once where there is in
     builder = tfds_wmt.builder(cfg.data, data_dir); builder.download_and_prepare()
 
 The first run then encodes every pair with the reference's vocabulary (`vocab.ende.32768` in
---data-dir, subwords.py), each side ending in EOS, into `wmt32k-train-000NN-of-000MM`
+--data-dir, subwords.py; where there is none, tfds' SubwordTextEncoder learns subwords from
+the training text, `learn_vocabulary`), each side ending in EOS, into `wmt32k-train-000NN-of-000MM`
 TFRecords, and writes newstest2014 as `newstest2014.en` / `.de` lines, under
 <data-dir>/transformer_tfds/<hash of the settings>, once (untimed, as the reference's
 offline data_download.py).
@@ -49,17 +50,38 @@ def _example(source_ids, target_ids):
       "inputs": ints(source_ids), "targets": ints(target_ids)})).SerializeToString()
 
 
+def learn_vocabulary(wmt, data_cfg) -> subwords.SubwordEncoder:
+  """Subwords learned by tfds' SubwordTextEncoder from both sides of the training pairs (up to
+  data.tfds_vocab_corpus_chars characters), as a reference-format vocabulary."""
+  import tensorflow_datasets as tfds
+
+  def corpus():
+    for pair in wmt.as_dataset(split="train").as_numpy_iterator():
+      yield _text(pair[SOURCE])
+      yield _text(pair[TARGET])
+  learned = tfds.deprecated.text.SubwordTextEncoder.build_from_corpus(
+      corpus(), target_vocab_size=data_cfg.tfds_vocab_size,
+      max_corpus_chars=data_cfg.tfds_vocab_corpus_chars)
+  return subwords.from_learned_pieces(learned.subwords)
+
+
 def prepare(data_cfg, data_dir) -> dict:
-  """Writes the reference-format files once; -> {'dir', 'train_examples'}."""
+  """Writes the reference-format files once; -> {'dir', 'train_examples', 'vocab_size', ...}."""
   vocab_path = os.path.join(data_dir, data_cfg.vocab_file)
+  given = os.path.exists(vocab_path)
   fields = {"train": data_cfg.tfds_train_subsets, "eval": data_cfg.tfds_eval_subset,
             "shards": data_cfg.tfds_train_shards, "version": FORMAT_VERSION,
-            "vocab_bytes": os.path.getsize(vocab_path)}
+            "vocab": (os.path.getsize(vocab_path) if given else
+                      ["learned", data_cfg.tfds_vocab_size, data_cfg.tfds_vocab_corpus_chars])}
 
   def write(staging):
-    encoder = subwords.SubwordEncoder.from_file(vocab_path)
-    shutil.copyfile(vocab_path, os.path.join(staging, data_cfg.vocab_file))
     wmt = builder(data_cfg, data_dir)
+    if given:
+      encoder = subwords.SubwordEncoder.from_file(vocab_path)
+      shutil.copyfile(vocab_path, os.path.join(staging, data_cfg.vocab_file))
+    else:
+      encoder = learn_vocabulary(wmt, data_cfg)
+      encoder.save(os.path.join(staging, data_cfg.vocab_file))
     shards = data_cfg.tfds_train_shards
     writers = [tf.io.TFRecordWriter(os.path.join(
         staging, f"wmt32k-train-{i + 1:05d}-of-{shards:05d}")) for i in range(shards)]
@@ -78,7 +100,8 @@ def prepare(data_cfg, data_dir) -> dict:
     for lang, name in ((SOURCE, data_cfg.eval_source), (TARGET, data_cfg.eval_reference)):
       with open(os.path.join(staging, name), "w", encoding="utf-8") as f:
         f.writelines(line + "\n" for line in lines[lang])
-    return {"train_examples": count, "eval_examples": len(lines[SOURCE])}
+    return {"train_examples": count, "eval_examples": len(lines[SOURCE]),
+            "vocab_size": encoder.vocab_size, "vocab_learned": not given}
 
   folder, info = mini_cache.prepare(os.path.join(data_dir, "transformer_tfds"), fields, write)
   return {"dir": folder, **info}
