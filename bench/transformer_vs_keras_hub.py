@@ -38,7 +38,8 @@ def ours(framework, args):
       f"model.num_layers={args.layers}", f"model.hidden_size={args.hidden}",
       f"model.num_heads={args.hidden // 64}", f"model.filter_size={4 * args.hidden}",
       f"model.vocab_size={args.vocab}", "model.dropout=0.0", "model.attention_dropout=0.0",
-      "model.relu_dropout=0.0", "train.precision=float32"])
+      "model.relu_dropout=0.0", "train.precision=float32",
+      "data.packing=false"])   # a pair a row in both: keras-hub's layers have no packed masks
   trainer = spec.SPEC.make_trainer(framework, cfg, RunContext(seed=0, preset="synthetic"))
   return method.trainer_rate(trainer, args.batch, args.steps)
 
@@ -74,7 +75,7 @@ def keras_hub_peer(args):
                 jit_compile=True)
   from workloads.transformer import spec, input_pipeline
   cfg = spec.SPEC.configure("synthetic", [f"data.max_length={args.length}",
-                                          f"model.vocab_size={args.vocab}"])
+                                          f"model.vocab_size={args.vocab}", "data.packing=false"])
   batch = input_pipeline.synthetic_batch(cfg, args.batch, 1)
   targets = batch["targets"]
   x = {"inputs": batch["inputs"], "decoder_inputs": np.pad(targets, ((0, 0), (1, 0)))[:, :-1]}
