@@ -495,3 +495,12 @@ def test_synthetic_batch_has_the_real_shapes_ids_then_eos_then_zeros():
   assert not np.array_equal(batch["inputs"], batch["targets"])
   again = input_pipeline.synthetic_batch(cfg, 16, seed=0)
   assert all(np.array_equal(batch[k], again[k]) for k in batch)        # seeded
+
+
+def test_describe_without_a_data_dir_reads_no_data():
+  """`describe --preset reference` has no --data-dir: data_source must not look for files to
+  count packed rows in (it used to fail on the missing folder)."""
+  cfg = spec.SPEC.configure("reference")
+  assert cfg.data.packing
+  assert input_pipeline.data_source(cfg, types.SimpleNamespace(data_dir=None)) == (
+      None, spec.train_samples(cfg))

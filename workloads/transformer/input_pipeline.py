@@ -207,6 +207,8 @@ def data_source(cfg, ctx):
       raise ValueError(f"model.vocab_size={cfg.model.vocab_size} does not match the mini "
                        f"vocabulary ({info['vocab_size']}); allowed: 0 (its size)")
     folder, pattern, pairs = info["dir"], "train-*", info["train_examples"]
+  elif not ctx.data_dir:          # describe: reads no data (packed rows need the files)
+    return None, d.train_examples or spec.train_samples(cfg)
   elif d.source == "tfds":
     from workloads.transformer import tfds_wmt
     info = tfds_wmt.prepare(d, ctx.data_dir)
