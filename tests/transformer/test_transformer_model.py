@@ -236,3 +236,29 @@ def test_model_config_refuses_bad_shapes():
     spec.SPEC.configure("tiny", ["model.num_heads=3"])          # 16 is not a multiple of 3
   with pytest.raises(UsageError, match="model.vocab_size"):
     spec.SPEC.configure("reference", ["model.vocab_size=2"])
+
+
+
+@pytest.mark.parametrize("framework", ["jax", "tf"])
+def test_bfloat16_compute_translates(framework):
+  """Mixed precision as the reference preset runs it (float32 parameters, bfloat16 compute):
+  the beam search decodes, compiled (TF's decode step once added its float32 lookup to the
+  layers' bfloat16 outputs and failed to trace), and gives ids of the vocabulary."""
+  cfg = spec.ModelConfig(vocab_size=40, hidden_size=16, num_layers=1, num_heads=2,
+                         filter_size=32, extra_decode_length=3)
+  inputs = np.array([[5, 7, 9, 1, 0, 0], [4, 1, 0, 0, 0, 0]], np.int32)
+  if framework == "jax":
+    import jax
+    import jax.numpy as jnp
+    from workloads.transformer import jax_trainer
+    model = jax_model.from_config(cfg, jnp.bfloat16)
+    params = model.init(jax.random.key(0), inputs, inputs)["params"]
+    tokens = jax.jit(lambda p, x: jax_trainer.translate(model, p, x, cfg))(params, inputs)
+  else:
+    import tensorflow as tf
+    from workloads.transformer import tf_trainer
+    model = tf_model.build(cfg, length=6, dtype="mixed_bfloat16")
+    tokens = tf.function(lambda x: tf_trainer.translate(model, x, cfg))(tf.constant(inputs))
+  tokens = np.asarray(tokens)
+  assert tokens.shape == (2, 6 + 3) and tokens.dtype == np.int32
+  assert tokens.min() >= 0 and tokens.max() < 40

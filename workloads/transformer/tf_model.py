@@ -278,6 +278,9 @@ class Transformer(keras.Model):
     """ids [B] (the token at position i) -> (logits [B, V], cache)."""
     x = self._lookup(ids[:, None])
     x = x + ops.cast(position_at(i, self.cfg.hidden_size), x.dtype)[None]
+    # Outside call() Keras casts nothing: the lookup is float32, the layers compute (and
+    # return) bfloat16 under mixed_bfloat16, and the residual sums need one dtype.
+    x = ops.cast(x, self.compute_dtype)
     new = {}
     for n, block in enumerate(self.decoder.blocks):
       x, new[f"layer_{n}"] = block.step(x, i, cache[f"layer_{n}"], encoder_bias)
