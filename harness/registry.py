@@ -9,6 +9,7 @@ _SPEC_MODULES = {
     "bert": "workloads.bert.spec",
     "efficientnet": "workloads.efficientnet.spec",
     "transformer": "workloads.transformer.spec",
+    "ssd": "workloads.ssd.spec",
 }
 
 

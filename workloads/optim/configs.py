@@ -3,7 +3,8 @@ indirection): each is a dataclass with the MLPerf reference's names and defaults
 with the harness's public validators, read by jax_optimizers.py and tf_optimizers.py alike."""
 import dataclasses
 
-from harness.config import in_range, one_of, positive
+from harness.config import in_range, key_of, one_of, positive
+from harness.errors import UsageError
 
 
 @dataclasses.dataclass
@@ -32,6 +33,38 @@ class LarsSgdConfig:
     in_range(self, "momentum", 0.0, 1.0)
     in_range(self, "label_smoothing", 0.0, 1.0)
     positive(self, "lars_eta", "decay_poly_power")
+
+
+@dataclasses.dataclass
+class SgdStepConfig:
+  """SGD with momentum, linear warmup and x0.1 steps at epochs (MLPerf SSD, ssd-v1 train.py):
+  the rate is base_learning_rate_per_32 x global batch / 32; torch's SGD (v = m v + g + wd w,
+  w -= lr v) with weight decay on every parameter."""
+  name: str = "sgd"
+  base_learning_rate_per_32: float = 2.5e-3
+  warmup_steps: int = 0
+  warmup_factor: int = 0              # warmup starts at lr x (1 - 1 / 2**factor)
+  decay_boundary_epochs: tuple[float, ...] = (40.0, 50.0)
+  decay_factor: float = 0.1
+  weight_decay: float = 5e-4
+  momentum: float = 0.9
+
+  def summary(self) -> str:
+    return (f"sgd (lr {self.base_learning_rate_per_32} x batch/32, warmup {self.warmup_steps} "
+            f"steps, x{self.decay_factor} at epochs {list(self.decay_boundary_epochs)}, weight "
+            f"decay {self.weight_decay}, momentum {self.momentum})")
+
+  def validate(self):
+    one_of(self, "name", ("sgd",))
+    positive(self, "base_learning_rate_per_32", "decay_factor")
+    in_range(self, "warmup_steps", 0, None)
+    in_range(self, "warmup_factor", 0, None)
+    in_range(self, "weight_decay", 0.0, None)
+    in_range(self, "momentum", 0.0, 1.0)
+    b = self.decay_boundary_epochs
+    if list(b) != sorted(b) or (b and min(b) <= 0):
+      raise UsageError(f"{key_of(self, 'decay_boundary_epochs')}={b!r} is not allowed; "
+                       "allowed: increasing epochs > 0, e.g. 40,50")
 
 
 @dataclasses.dataclass

@@ -139,3 +139,26 @@ class RsqrtSchedule:
     warmup = float(max(self.warmup_steps, 1))
     return (self.base_lr * self.hidden_size ** -0.5 * ops.minimum(1.0, step / warmup)
             / ops.maximum(step, warmup) ** 0.5)
+
+
+@dataclasses.dataclass(frozen=True)
+class WarmupStepSchedule:
+  """MLPerf SSD's rate (ssd-v1 train.py lr_warmup + the decay at listed epochs):
+
+  lr(step) = base_lr - (warmup - step) * base_lr / (warmup * 2**factor)   for step < warmup
+           = base_lr * decay_factor ** (boundaries passed)                after
+  """
+  base_lr: float
+  warmup_steps: int
+  warmup_factor: int
+  boundaries: tuple[int, ...]
+  decay_factor: float
+
+  def __call__(self, step, ops=np):
+    step = step * 1.0
+    warmup = max(self.warmup_steps, 1)
+    warm = self.base_lr - (warmup - step) * self.base_lr / (warmup * 2.0 ** self.warmup_factor)
+    lr = self.base_lr + 0.0 * step
+    for boundary in self.boundaries:
+      lr = ops.where(step >= boundary, lr * self.decay_factor, lr)
+    return ops.where(step < self.warmup_steps, warm, lr)

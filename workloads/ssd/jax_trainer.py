@@ -1,0 +1,132 @@
+"""SSD training and evaluation in JAX (flax + optax), behind the driver's Trainer API (the loop
+and distribution: workloads/parallel/jax_trainer_base.py).
+
+What is SSD's: the reference loss (smooth-L1 on positives plus cross entropy on positives and
+3x as many hardest negatives, per image divided by its positives); torch-style SGD with weight
+decay on every parameter and the warmup + step schedule; evaluation that decodes boxes and
+takes each class's best candidates on device, then NMS and COCO mAP on the host (host_eval.py).
+"""
+import functools
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax.training import train_state
+
+from workloads.optim import jax_optimizers
+from workloads.parallel.jax_trainer_base import MeshTrainer
+from workloads.ssd import boxes, checkpoint, host_eval, input_pipeline, jax_model, spec
+
+
+class TrainState(train_state.TrainState):
+  batch_stats: dict
+
+
+def smooth_l1(x):
+  ax = jnp.abs(x)
+  return jnp.where(ax < 1.0, 0.5 * x * x, ax - 0.5)
+
+
+def ssd_loss(locs, logits, gt_offsets, gt_labels, neg_ratio=3):
+  """Per image: (sum of smooth-L1 over positives + cross entropy over positives and the
+  neg_ratio x positives hardest negatives) / positives; images without positives count 0; the
+  batch mean. Negatives rank by their loss, descending, ties by anchor index (stable sort)."""
+  positive = gt_labels > 0
+  num_pos = positive.sum(1)
+  loc_loss = (smooth_l1(locs - gt_offsets).sum(-1) * positive).sum(1)
+  con = optax.softmax_cross_entropy_with_integer_labels(logits, gt_labels)
+  con_neg = jax.lax.stop_gradient(jnp.where(positive, 0.0, con))
+  rank = jnp.argsort(jnp.argsort(-con_neg, axis=1, stable=True), axis=1, stable=True)
+  negative = rank < jnp.minimum(neg_ratio * num_pos, con.shape[1])[:, None]
+  con_loss = (con * (positive | negative)).sum(1)
+  per_image = (loc_loss + con_loss) * (num_pos > 0) / jnp.maximum(num_pos, 1e-6)
+  return per_image.mean()
+
+
+def loss_and_grads(apply_fn, params, batch_stats, batch):
+  def loss_fn(p):
+    (locs, logits), updates = apply_fn({"params": p, "batch_stats": batch_stats},
+                                       batch["image"], train=True, mutable=["batch_stats"])
+    return ssd_loss(locs, logits, batch["boxes"], batch["labels"]), updates
+  (loss, updates), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+  return loss, grads, updates["batch_stats"]
+
+
+def train_step(state, batch, *, runtime):
+  if runtime.grouped_bn:                             # per device, BN pooled over groups
+    step = runtime.grouped_bn_step(functools.partial(loss_and_grads, state.apply_fn))
+    loss, grads, stats = step(state.params, state.batch_stats, batch)
+  else:
+    loss, grads, stats = loss_and_grads(state.apply_fn, state.params, state.batch_stats, batch)
+  grads = runtime.constrain_update(grads)            # weight-update sharding: shard the update
+  state = state.apply_gradients(grads=grads, batch_stats=stats)
+  return state.replace(params=runtime.replicate(state.params)), loss
+
+
+def candidates(locs, logits, dboxes, k):
+  """Decoded ltrb boxes and scores of each foreground class's k best anchors: (N, C-1, k, 4),
+  (N, C-1, k). The reference keeps at most 200 per class before its NMS, so this is exact."""
+  xy = dboxes[:, :2] + boxes.SCALE_XY * locs[..., :2] * dboxes[:, 2:]
+  wh = jnp.exp(boxes.SCALE_WH * locs[..., 2:]) * dboxes[:, 2:]
+  ltrb = jnp.concatenate([xy - wh / 2, xy + wh / 2], -1)
+  probs = jax.nn.softmax(logits, -1)[..., 1:].transpose(0, 2, 1)       # (N, C-1, A)
+  scores, index = jax.lax.top_k(probs, k)
+  picked = jnp.take_along_axis(ltrb[:, None], index[..., None], axis=2)
+  return picked, scores
+
+
+class SsdTrainer(MeshTrainer):
+  spec_module, pipeline = spec, input_pipeline
+  eval_on_host = True
+
+  def __init__(self, cfg, ctx):
+    super().__init__(cfg, ctx)
+    self.model = jax_model.from_config(cfg, dtype=self.dtype,
+                                       bn_axis_name="bn" if self.runtime.grouped_bn else None)
+    self.schedule = spec.schedule_for(cfg, self.train_examples)
+    opt = cfg.optimizer
+    # torch SGD: weight decay on every parameter (the reference passes all to one group)
+    self.tx = jax_optimizers.sgd_momentum(self.schedule, opt.weight_decay, opt.momentum,
+                                          mask=None)
+    self.dboxes = boxes.default_boxes(**spec.anchor_geometry(cfg))
+    self._ground_truth = None
+
+  def _create_state(self, rng):
+    size = self.cfg.data.image_size
+    variables = self.model.init(rng, jnp.zeros((1, size, size, 3)), train=False)
+    return TrainState.create(apply_fn=self.model.apply, params=variables["params"], tx=self.tx,
+                             batch_stats=variables["batch_stats"])
+
+  def init(self):
+    rng = jax.random.key(self.ctx.seed)
+    shardings = self.state_shardings(self._create_state, rng)
+    self.state = self.initial_state(shardings, rng)
+    if self.cfg.model.backbone_checkpoint:       # ImageNet backbone, placed as the init was
+      weights = checkpoint.read(self.data_dir, self.cfg.model.backbone_checkpoint)
+      variables = checkpoint.load_into_flax(
+          jax.device_get({"params": self.state.params, "batch_stats": self.state.batch_stats}),
+          weights)
+      self.state = self.state.replace(
+          params=jax.device_put(variables["params"], shardings.params),
+          batch_stats=jax.device_put(variables["batch_stats"], shardings.batch_stats))
+    self.compile_steps(functools.partial(train_step, runtime=self.runtime), shardings)
+
+  def eval_step(self, state, batch):
+    locs, logits = state.apply_fn({"params": state.params, "batch_stats": state.batch_stats},
+                                  batch["image"], train=False)
+    k = min(host_eval.MAX_CANDIDATES, locs.shape[1])
+    picked, scores = candidates(locs, logits, jnp.asarray(self.dboxes), k)
+    return {"boxes": picked, "scores": scores, "image_id": batch["image_id"],
+            "image_size": batch["image_size"], "mask": batch["mask"]}
+
+  def accumulate(self, acc, outputs):
+    return host_eval.accumulate(acc, outputs, self.cfg)
+
+  def finalize(self, acc):
+    if self._ground_truth is None:
+      self._ground_truth = self.pipeline.eval_ground_truth(self.cfg, self.data_dir)
+    return host_eval.finalize(acc, self._ground_truth, spec.SPEC.metric.name)
+
+
+def make_trainer(cfg, ctx):
+  return SsdTrainer(cfg, ctx)

@@ -1,0 +1,143 @@
+"""SSD300-ResNet34 in Keras 3: the same architecture, names (flax paths joined by '_'),
+initialisation and output layout as jax_model.py, so weights convert one to one
+(`load_flax_variables`). Given a tf_runtime.StrategyRuntime with several replicas, batch norm
+pools statistics over replica groups (workloads/parallel/tf_layers.py).
+"""
+import numpy as np
+import keras
+from keras import layers
+
+from workloads.parallel import tf_layers
+from workloads.ssd import spec
+
+# Built per layer, after keras.utils.set_random_seed (an initializer draws its seed when made).
+backbone_init = lambda: keras.initializers.VarianceScaling(2.0, "fan_out", "untruncated_normal")
+head_init = lambda: keras.initializers.GlorotUniform()
+
+
+def torch_bias_init(fan_in):
+  bound = 1.0 / np.sqrt(fan_in)
+  return keras.initializers.RandomUniform(-bound, bound)
+
+
+def _conv(filters, kernel, strides=1, name=None, dtype=None):
+  return layers.Conv2D(filters, kernel, strides=strides, padding="valid", use_bias=False,
+                       kernel_initializer=backbone_init(), name=name, dtype=dtype)
+
+
+def _basic_block(x, filters, strides, project, prefix, lay):
+  dtype = lay.dtype
+  y = _conv(filters, 3, strides, f"{prefix}_conv1", dtype)(lay.pad(1)(x))
+  y = layers.ReLU(dtype=dtype)(lay.bn(f"{prefix}_bn1")(y))
+  y = _conv(filters, 3, 1, f"{prefix}_conv2", dtype)(lay.pad(1)(y))
+  y = lay.bn(f"{prefix}_bn2")(y)
+  if project:
+    x = lay.bn(f"{prefix}_downsample_bn")(_conv(filters, 1, strides, f"{prefix}_downsample_conv",
+                                                 dtype)(x))
+  return layers.ReLU(dtype=dtype)(layers.Add(dtype=dtype)([x, y]))
+
+
+def _head_conv(x, filters, kernel, stride, pad, name, dtype):
+  if pad:
+    x = layers.ZeroPadding2D(pad, dtype=dtype)(x)
+  c_in = x.shape[-1]
+  return layers.Conv2D(filters, kernel, strides=stride, padding="valid", name=name, dtype=dtype,
+                       kernel_initializer=head_init(),
+                       bias_initializer=torch_bias_init(c_in * kernel * kernel))(x)
+
+
+def _by_anchor(x, per_anchor, k, dtype):
+  """(N, H, W, per_anchor * k) -> (N, k * H * W, per_anchor), channel = value * k + anchor."""
+  h, w = x.shape[1], x.shape[2]
+  x = layers.Reshape((h, w, per_anchor, k), dtype=dtype)(x)
+  x = layers.Permute((4, 1, 2, 3), dtype=dtype)(x)
+  return layers.Reshape((k * h * w, per_anchor), dtype=dtype)(x)
+
+
+def ssd(cfg, dtype="float32", runtime=None):
+  """dtype 'mixed_bfloat16' computes in bf16 with float32 variables, like the flax model;
+  'float64' everywhere (the parity tests). Outputs (locs (N, A, 4), logits (N, A, C))."""
+  m, size = cfg.model, cfg.data.image_size
+  lay = tf_layers.RuntimeLayers(runtime, dtype, bn_momentum=m.bn_momentum, bn_epsilon=1e-5)
+  io_dtype = "float64" if dtype == "float64" else "float32"
+  inputs = keras.Input((size, size, 3), dtype=io_dtype)
+  x = _conv(m.backbone_width, 7, 2, "conv1", dtype)(lay.pad(3)(inputs))
+  x = layers.ReLU(dtype=dtype)(lay.bn("bn1")(x))
+  # torchvision pads the max pool with -inf; after a ReLU, zero padding gives the same maxima
+  x = layers.MaxPooling2D(3, 2, padding="valid", dtype=dtype)(lay.pad(1)(x))
+  n_layers, channels = len(m.backbone_blocks), m.backbone_width
+  for i, blocks in enumerate(m.backbone_blocks):
+    filters = m.backbone_width * 2**i
+    for b in range(blocks):
+      strides = 2 if b == 0 and 0 < i < n_layers - 1 else 1
+      project = b == 0 and (strides != 1 or channels != filters)
+      x = _basic_block(x, filters, strides, project, f"layer{i + 1}_{b}", lay)
+      channels = filters
+  maps = [x]
+  for i, (middle, out, stride, pad) in enumerate(spec.extra_layers(m)):
+    x = layers.ReLU(dtype=dtype)(_head_conv(x, middle, 1, 1, 0, f"extra{i}_conv1", dtype))
+    x = layers.ReLU(dtype=dtype)(_head_conv(x, out, 3, stride, pad, f"extra{i}_conv2", dtype))
+    maps.append(x)
+  locs, logits = [], []
+  for i, (fmap, k) in enumerate(zip(maps, m.anchors_per_location)):
+    locs.append(_by_anchor(_head_conv(fmap, 4 * k, 3, 1, 1, f"loc{i}", dtype), 4, k, dtype))
+    logits.append(_by_anchor(_head_conv(fmap, m.num_classes * k, 3, 1, 1, f"conf{i}", dtype),
+                             m.num_classes, k, dtype))
+  loc = layers.Activation("linear", dtype=io_dtype)(layers.Concatenate(1, dtype=dtype)(locs))
+  conf = layers.Activation("linear", dtype=io_dtype)(layers.Concatenate(1, dtype=dtype)(logits))
+  return keras.Model(inputs, [loc, conf], name="ssd")
+
+
+# ------------------------------------------------------------------- flax -> keras conversion
+
+def _flax_path(keras_name):
+  """'layer1_0_conv1' -> ('layer1_0', 'conv1'); 'loc0' -> ('loc0',)."""
+  parts = keras_name.split("_")
+  if parts[0].startswith("layer"):
+    return ("_".join(parts[:2]), "_".join(parts[2:]))
+  return (keras_name,)
+
+
+def _weighted_layers(model):
+  return [layer for layer in model.layers if layer.weights]
+
+
+def load_flax_variables(model, variables):
+  """Copies flax {'params', 'batch_stats'} into the Keras model, layer by layer (HWIO kernels in
+  both; batch norm scale/bias/mean/var -> gamma/beta/moving_*)."""
+  params, stats = variables["params"], variables["batch_stats"]
+  copied = 0
+  for layer in _weighted_layers(model):
+    path = _flax_path(layer.name)
+    p = params
+    for key in path:
+      p = p[key]
+    if isinstance(layer, layers.BatchNormalization):
+      s = stats
+      for key in path:
+        s = s[key]
+      layer.set_weights([np.asarray(p["scale"]), np.asarray(p["bias"]),
+                         np.asarray(s["mean"]), np.asarray(s["var"])])
+    elif layer.use_bias:
+      layer.set_weights([np.asarray(p["kernel"]), np.asarray(p["bias"])])
+    else:
+      layer.set_weights([np.asarray(p["kernel"])])
+    copied += sum(np.size(w) for w in layer.get_weights())
+  total = sum(np.size(w) for w in model.get_weights())
+  if copied != total:
+    raise ValueError(f"converted {copied} of {total} values: the models differ")
+  return model
+
+
+def flax_path_of(model):
+  """{id(keras variable): flax params path}, to compare gradients and updates across."""
+  out = {}
+  for layer in _weighted_layers(model):
+    path = _flax_path(layer.name)
+    if isinstance(layer, layers.BatchNormalization):
+      out[id(layer.gamma)], out[id(layer.beta)] = path + ("scale",), path + ("bias",)
+    else:
+      out[id(layer.kernel)] = path + ("kernel",)
+      if layer.use_bias:
+        out[id(layer.bias)] = path + ("bias",)
+  return out
