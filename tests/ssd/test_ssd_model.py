@@ -122,7 +122,7 @@ def test_gradients_and_two_sgd_steps_agree(models):
   cfg, flax_model, variables, batch, keras_model = models
   with jax.enable_x64(True):
     schedule = spec.schedule_for(cfg, 64)
-    tx = jax_optimizers.sgd_momentum(schedule, 5e-4, 0.9, mask=None)
+    tx = jax_optimizers.sgd_momentum(lambda t: schedule(t, ops=jnp), 5e-4, 0.9, mask=None)
     params, stats = variables["params"], variables["batch_stats"]
     opt_state = tx.init(params)
     grad_fn = jax.jit(lambda p, s: jax_trainer.loss_and_grads(flax_model.apply, p, s, batch))

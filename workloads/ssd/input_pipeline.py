@@ -193,11 +193,12 @@ def coco_records(data_dir, split="validation") -> list[dict]:
 def data_source(cfg, ctx):
   """(data folder, train_samples to log). Mini: generates its arrays once (untimed, before
   run_start) under --data-dir/ssd_mini or ~/.cache; COCO: counts the train images with boxes
-  (once per dataset folder)."""
+  (once per dataset folder). Without --data-dir (`describe`) nothing is read: the config's
+  count stands."""
   if cfg.data.source == "mini":
     root = os.path.join(ctx.data_dir, "ssd_mini") if ctx.data_dir else None
     return mini_shapes.prepare(cfg.data, root), cfg.data.train_examples
-  if cfg.data.source == "coco2017":
+  if cfg.data.source == "coco2017" and ctx.data_dir:
     return ctx.data_dir, count_train_examples(ctx.data_dir)
   return ctx.data_dir, cfg.data.train_examples
 

@@ -86,7 +86,8 @@ class SsdTrainer(MeshTrainer):
     self.schedule = spec.schedule_for(cfg, self.train_examples)
     opt = cfg.optimizer
     # torch SGD: weight decay on every parameter (the reference passes all to one group)
-    self.tx = jax_optimizers.sgd_momentum(self.schedule, opt.weight_decay, opt.momentum,
+    self.tx = jax_optimizers.sgd_momentum(
+        lambda step: self.schedule(step, ops=jnp), opt.weight_decay, opt.momentum,
                                           mask=None)
     self.dboxes = boxes.default_boxes(**spec.anchor_geometry(cfg))
     self._ground_truth = None
@@ -101,7 +102,8 @@ class SsdTrainer(MeshTrainer):
     rng = jax.random.key(self.ctx.seed)
     shardings = self.state_shardings(self._create_state, rng)
     self.state = self.initial_state(shardings, rng)
-    if self.cfg.model.backbone_checkpoint:       # ImageNet backbone, placed as the init was
+    # ImageNet backbone, placed as the init was (describe, without --data-dir, reads no data)
+    if self.cfg.model.backbone_checkpoint and self.data_dir:
       weights = checkpoint.read(self.data_dir, self.cfg.model.backbone_checkpoint)
       variables = checkpoint.load_into_flax(
           jax.device_get({"params": self.state.params, "batch_stats": self.state.batch_stats}),

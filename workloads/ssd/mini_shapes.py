@@ -1,11 +1,12 @@
 """The SSD mini set: generated images of filled shapes (no download), learnable in minutes.
 
-Each image is a random background colour with Gaussian pixel noise and 1..mini_max_objects
-shapes of 4 classes -- rectangle, ellipse, triangle (apex up), plus -- in random colours, box
-sides 12-40 px at 64 px (scaled with the image size). Boxes never touch, so no shape hides part
-of another and every box is the tight box of its shape's drawn pixels. The class is the form
-alone: colours are random, and every shape colour differs from its background by 64..128 in
-each channel, so a shape always stands out of the noise.
+Each image is a random dark background colour with Gaussian pixel noise and
+1..mini_max_objects shapes of 4 classes -- a red rectangle, a green ellipse, a blue triangle
+(apex up), a yellow plus, each colour varied by up to +-24 per channel -- box sides 12-40 px at
+64 px (scaled with the image size). Boxes never touch, so no shape hides part of another and
+every box is the tight box of its shape's drawn pixels. Form and colour both tell the class, so
+a small model learns it in a few epochs and the run's time goes to what SSD is about: placing
+boxes (mAP over IoU 0.50..0.95 rewards tight ones).
 
 Elements have the structure tensorflow-datasets' coco/2017 yields (decoded): image uint8
 (H,W,3), image/id int64, image/filename, objects {id int64, area int64, bbox float32 (n,4)
@@ -22,7 +23,8 @@ import tensorflow as tf
 from workloads.common import mini_cache
 
 CLASSES = ("rectangle", "ellipse", "triangle", "plus")
-FORMAT_VERSION = 1
+PALETTE = np.array([(220, 40, 40), (40, 200, 40), (50, 80, 235), (230, 210, 40)])
+FORMAT_VERSION = 2
 PLACEMENT_TRIES = 16        # candidate positions per shape; a shape with no free spot is dropped
 
 
@@ -58,7 +60,7 @@ def generate(data_cfg, split) -> dict:
   lo = max(2, round(12 * size / 64))
   hi = max(lo, min(size, round(40 * size / 64)))
 
-  background = rng.integers(0, 256, (n, 3))
+  background = rng.integers(0, 100, (n, 3))
   images = np.broadcast_to(background[:, None, None, :], (n, size, size, 3)).astype(np.float32)
   wanted = rng.integers(1, k + 1, n)
   placed = np.zeros((n, 0, 4), np.int64)        # y0, x0, y1, x1 (exclusive) of earlier slots
@@ -81,7 +83,7 @@ def generate(data_cfg, split) -> dict:
     ok = apart[np.arange(n), first] & (slot < wanted)
     box = cand[np.arange(n), first, 0]                                     # (N,4)
     cls = rng.integers(0, len(CLASSES), n)
-    colour = (background + rng.integers(64, 129, (n, 3))) % 256
+    colour = np.clip(PALETTE[cls] + rng.integers(-24, 25, (n, 3)), 0, 255)
     mask = _shape_masks(cls, box[:, 0], box[:, 1], box[:, 2] - box[:, 0],
                         box[:, 3] - box[:, 1], size) & ok[:, None, None]
     images = np.where(mask[..., None], colour[:, None, None, :].astype(np.float32), images)

@@ -56,7 +56,7 @@ class SsdTrainer(StrategyTrainer):
 
   def make_model(self, runtime):
     model = tf_model.ssd(self.cfg, dtype=self.dtype, runtime=runtime)
-    if self.cfg.model.backbone_checkpoint:
+    if self.cfg.model.backbone_checkpoint and self.data_dir:   # (describe reads no data)
       checkpoint.load_into_keras(model, checkpoint.read(self.data_dir,
                                                         self.cfg.model.backbone_checkpoint))
     return model
