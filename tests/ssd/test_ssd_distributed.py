@@ -1,0 +1,104 @@
+"""The SSD trainers on simulated devices (JAX: 8 simulated CPU devices; TF: logical CPU
+devices), each layout equal to one device over several SGD steps: data parallel with global
+batch norm and weight-update sharding, image rows split over a spatial axis (Google's v0.7 SSD
+layout; XLA inserts the halo exchange), and batch norm over groups of replicas; the eval step
+gives the same candidates on every layout, and the gathered eval counts each image once."""
+import jax
+import numpy as np
+import pytest
+
+from harness import config
+from harness.errors import UsageError
+from harness.workload import RunContext
+from workloads.ssd import spec
+
+GBS = 16
+
+
+def tiny_config(source="mini", **parallel):
+  cfg = spec.tiny()
+  config.apply_overrides(cfg, [f"data.source={source}", f"train.global_batch_size={GBS}",
+                               "optimizer.warmup_steps=0"])
+  for key, value in parallel.items():
+    setattr(cfg.parallel, key, value)
+  return cfg
+
+
+def trained(framework, steps=3, source="mini", data_dir=None, **parallel):
+  cfg = tiny_config(source, **parallel)
+  trainer = spec.SPEC.make_trainer(framework, cfg, RunContext(seed=0, preset="tiny",
+                                                              data_dir=data_dir))
+  trainer.init()
+  trainer.train(steps)
+  return trainer
+
+
+def jax_state(trainer):
+  s = jax.device_get(trainer.state)
+  return {"params": s.params, "batch_stats": s.batch_stats}
+
+
+def assert_close(a, b, rtol=1e-5, atol=1e-6):
+  flat_a, flat_b = (jax.tree_util.tree_leaves_with_path(t) for t in (a, b))
+  assert len(flat_a) == len(flat_b) > 0
+  for (path, x), (_, y) in zip(flat_a, flat_b):
+    np.testing.assert_allclose(x, y, rtol=rtol, atol=atol, err_msg=jax.tree_util.keystr(path))
+
+
+@pytest.fixture(scope="module")
+def jax_single():
+  return trained("jax", mesh="data=1")
+
+
+@pytest.fixture(scope="module")
+def jax_spatial():
+  return trained("jax", mesh="data=2,spatial=4")
+
+
+def test_jax_data_parallel_with_weight_update_sharding_equals_one_device(jax_single):
+  trainer = trained("jax", mesh="data=8", weight_update_sharding=True)
+  assert trainer.num_devices == 8
+  assert_close(jax_state(trainer), jax_state(jax_single))
+
+
+def test_jax_spatial_partitioning_equals_one_device(jax_single, jax_spatial):
+  assert jax_spatial.runtime.spatial == 4 and jax_spatial.mesh_description == "data=2,spatial=4"
+  assert_close(jax_state(jax_spatial), jax_state(jax_single))
+
+
+def test_jax_bn_groups_equal_that_many_samples_per_device():
+  """8 devices x 2 samples in groups of 2 replicas normalise over the same four examples as
+  4 devices x 4 samples each alone (model_bn_span 4 both)."""
+  grouped = trained("jax", steps=2, mesh="data=8", bn_group_size=2)
+  alone = trained("jax", steps=2, mesh="data=4", bn_group_size=1)
+  assert grouped.runtime.grouped_bn and alone.runtime.grouped_bn
+  span = lambda t: spec.SPEC.bn_span(t.cfg, t.data_replicas)
+  assert span(grouped) == span(alone) == 4
+  assert_close(jax_state(grouped), jax_state(alone), rtol=1e-4, atol=1e-5)
+
+
+def test_jax_eval_is_layout_independent_and_counts_every_image_once(jax_single, jax_spatial):
+  one, split = jax_single, jax_spatial
+  batch = next(one.pipeline.eval_dataset(one.cfg, one.eval_batch_size(), one.data_dir)
+               .as_numpy_iterator())
+  outputs = [jax.device_get(t._eval_step(t.state, t.runtime.shard_batch(batch, t.batch_axes(True))))
+             for t in (one, split)]
+  np.testing.assert_allclose(outputs[1]["scores"], outputs[0]["scores"], rtol=1e-4, atol=1e-6)
+  np.testing.assert_allclose(outputs[1]["boxes"], outputs[0]["boxes"], rtol=1e-4, atol=1e-6)
+  result = split.evaluate()
+  assert result["count"] == split.cfg.data.eval_examples
+
+
+def test_tf_spatial_partitioning_is_refused_in_one_line():
+  with pytest.raises(UsageError, match="allowed: spatial=1 in TF"):
+    spec.check_framework(tiny_config(mesh="data=2,spatial=2"), "tf")
+
+
+@pytest.mark.slow
+def test_tf_two_replicas_with_weight_update_sharding_equal_one():
+  def tf_state(trainer):
+    return {v.path: v.numpy() for v in trainer.model.weights}
+  one = tf_state(trained("tf", mesh="data=1"))
+  two = trained("tf", mesh="data=2", weight_update_sharding=True)
+  assert two.num_devices == 2 and two.sharded is not None
+  assert_close(tf_state(two), one, rtol=1e-4, atol=1e-5)
