@@ -11,6 +11,7 @@ Weight-update sharding puts the optimizer state, and the update computed from it
 DATA; the new weights are all-gathered back to every replica (ZeRO-1).
 """
 import collections
+import math
 import re
 
 import jax
@@ -125,8 +126,13 @@ def path_name(path) -> str:
 
 
 def per_device_bytes(tree) -> int:
-  """Bytes of `tree` held by one device (the first addressable shard of each array)."""
-  return int(sum(leaf.addressable_shards[0].data.nbytes for leaf in jax.tree.leaves(tree)))
+  """Bytes of `tree` held by one device (the first addressable shard of each array; a shape
+  with a sharding, when describing, counts its shard's shape)."""
+  def shard_bytes(leaf):
+    if isinstance(leaf, jax.ShapeDtypeStruct):
+      return math.prod(leaf.sharding.shard_shape(leaf.shape)) * leaf.dtype.itemsize
+    return leaf.addressable_shards[0].data.nbytes
+  return int(sum(shard_bytes(leaf) for leaf in jax.tree.leaves(tree)))
 
 
 def count_collectives(hlo_text: str) -> dict:

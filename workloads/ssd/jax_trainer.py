@@ -103,7 +103,7 @@ class SsdTrainer(MeshTrainer):
     shardings = self.state_shardings(self._create_state, rng)
     self.state = self.initial_state(shardings, rng)
     # ImageNet backbone, placed as the init was (describe, without --data-dir, reads no data)
-    if self.cfg.model.backbone_checkpoint and self.data_dir:
+    if self.cfg.model.backbone_checkpoint and self.data_dir and not self.describing:
       weights = checkpoint.read(self.data_dir, self.cfg.model.backbone_checkpoint)
       variables = checkpoint.load_into_flax(
           jax.device_get({"params": self.state.params, "batch_stats": self.state.batch_stats}),
