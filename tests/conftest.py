@@ -120,13 +120,15 @@ LONG_FILES = (
     "tests/resnet/test_resnet_end_to_end.py",
     "tests/parallel/test_tf_distributed.py",
     "tests/test_contract.py",
+    "tests/ssd/test_ssd_end_to_end.py",
+    "tests/ssd/test_ssd_distributed.py",
     "tests/transformer/test_transformer_distributed.py",
     "tests/transformer/test_transformer_end_to_end.py",
     "tests/bert/test_bert_distributed.py",
     "tests/bert/test_bert_end_to_end.py",
     "tests/efficientnet/test_efficientnet_distributed.py",
     "tests/parallel/test_jax_distributed.py",
-    "tests/efficientnet/test_efficientnet_model.py",
+    "tests/ssd/test_ssd_model.py",
 )
 
 
