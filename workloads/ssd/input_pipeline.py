@@ -17,8 +17,8 @@ What the reference's COCODetection (ssd-v1/ssd/utils.py) reads, and so this: eve
 of an image, crowd ones included, is a training box; images without any annotation are dropped
 (117,266 of train2017's 118,287 images are left), in eval too: the reference runs the model on
 the 4,952 val2017 images with annotations (train.py logs len(val_coco)), and scores against
-the whole json, so the 48 empty images add no false positives. Eval batches are still padded
-for cfg.data.eval_examples (5,000), an upper bound on every host's share.
+the whole json, so the 48 empty images add no false positives. Eval batches are padded for
+cfg.data.eval_examples (4,952, spec.COCO_EVAL_EXAMPLES), the same count on every host.
 """
 import os
 
