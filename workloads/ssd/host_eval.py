@@ -35,3 +35,17 @@ def accumulate(acc, outputs, cfg):
 def finalize(acc, ground_truth, metric_name):
   result = acc.evaluate(ground_truth)
   return {metric_name: float(result["box_map"]), "count": int(result["images"])}
+
+
+class CocoEval:
+  """The trainers' accumulate / finalize (a mixin before MeshTrainer or StrategyTrainer); the
+  ground truth is read at the first finalize, after run_start, and kept."""
+  _ground_truth = None
+
+  def accumulate(self, acc, outputs):
+    return accumulate(acc, outputs, self.cfg)
+
+  def finalize(self, acc):
+    if self._ground_truth is None:
+      self._ground_truth = self.pipeline.eval_ground_truth(self.cfg, self.data_dir)
+    return finalize(acc, self._ground_truth, self.spec_module.SPEC.metric.name)

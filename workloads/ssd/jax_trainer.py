@@ -75,7 +75,7 @@ def candidates(locs, logits, dboxes, k):
   return picked, scores
 
 
-class SsdTrainer(MeshTrainer):
+class SsdTrainer(host_eval.CocoEval, MeshTrainer):
   spec_module, pipeline = spec, input_pipeline
   eval_on_host = True
 
@@ -90,7 +90,6 @@ class SsdTrainer(MeshTrainer):
         lambda step: self.schedule(step, ops=jnp), opt.weight_decay, opt.momentum,
                                           mask=None)
     self.dboxes = boxes.default_boxes(**spec.anchor_geometry(cfg))
-    self._ground_truth = None
 
   def _create_state(self, rng):
     size = self.cfg.data.image_size
@@ -120,14 +119,6 @@ class SsdTrainer(MeshTrainer):
     picked, scores = candidates(locs, logits, jnp.asarray(self.dboxes), k)
     return {"boxes": picked, "scores": scores, "image_id": batch["image_id"],
             "image_size": batch["image_size"], "mask": batch["mask"]}
-
-  def accumulate(self, acc, outputs):
-    return host_eval.accumulate(acc, outputs, self.cfg)
-
-  def finalize(self, acc):
-    if self._ground_truth is None:
-      self._ground_truth = self.pipeline.eval_ground_truth(self.cfg, self.data_dir)
-    return host_eval.finalize(acc, self._ground_truth, spec.SPEC.metric.name)
 
 
 def make_trainer(cfg, ctx):

@@ -43,7 +43,7 @@ def candidates(locs, logits, dboxes, k):
   return picked, scores
 
 
-class SsdTrainer(StrategyTrainer):
+class SsdTrainer(host_eval.CocoEval, StrategyTrainer):
   spec_module, pipeline = spec, input_pipeline
   eval_on_host = True
 
@@ -52,7 +52,6 @@ class SsdTrainer(StrategyTrainer):
     spec.check_framework(cfg, "tf")
     self.schedule = spec.schedule_for(cfg, self.train_examples)
     self.dboxes = boxes.default_boxes(**spec.anchor_geometry(cfg))
-    self._ground_truth = None
 
   def make_model(self, runtime):
     model = tf_model.ssd(self.cfg, dtype=self.dtype, runtime=runtime)
@@ -82,14 +81,6 @@ class SsdTrainer(StrategyTrainer):
     picked, scores = candidates(locs, logits, self.dboxes, k)
     return {"boxes": picked, "scores": scores, "image_id": batch["image_id"],
             "image_size": batch["image_size"], "mask": batch["mask"]}
-
-  def accumulate(self, acc, outputs):
-    return host_eval.accumulate(acc, outputs, self.cfg)
-
-  def finalize(self, acc):
-    if self._ground_truth is None:
-      self._ground_truth = self.pipeline.eval_ground_truth(self.cfg, self.data_dir)
-    return host_eval.finalize(acc, self._ground_truth, spec.SPEC.metric.name)
 
 
 def make_trainer(cfg, ctx):
