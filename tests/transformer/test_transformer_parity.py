@@ -178,11 +178,14 @@ def test_a_packed_row_gives_each_example_its_logits_alone(models):
   flax_model, params, keras_model, _ = models
   packed, alone = packed_and_alone()
   features = spec.packed_features(packed)
-  jax_packed = flax_model.apply({"params": params}, packed["inputs"], packed["targets"],
-                                packed=features)
+  # Compiled, not op by op: eager float64 dispatch of a whole transformer is slow when the
+  # other test worker shares the cores (132 s in one CI run against 9 s alone).
+  jax_packed = jax.jit(lambda p, x, y, f: flax_model.apply({"params": p}, x, y, packed=f))(
+      params, packed["inputs"], packed["targets"], features)
   jax_alone = forward(flax_model, params, alone["inputs"], alone["targets"])
-  tf_packed = keras_model(packed["inputs"], packed["targets"], training=False,
-                          packed={k: tf.constant(v) for k, v in features.items()})
+  tf_packed = tf.function(lambda x, y, f: keras_model(x, y, training=False, packed=f))(
+      tf.constant(packed["inputs"]), tf.constant(packed["targets"]),
+      {k: tf.constant(v) for k, v in features.items()})
   for logits in (np.asarray(jax_packed), tf_packed.numpy()):
     assert rel_err(logits[0, :3], jax_alone[0, :3]) < TOL
     assert rel_err(logits[0, 3:], jax_alone[1, :3]) < TOL
