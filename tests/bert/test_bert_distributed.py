@@ -13,7 +13,11 @@ from workloads.parallel import jax_runtime
 
 def tiny_config(**parallel):
   cfg = spec.mini()
-  config.apply_overrides(cfg, ["data.source=synthetic", "model.hidden_size=32",
+  # tf.distribute's replicated steps never XLA-compile, so the one-replica reference does not
+  # either: the same kernels on both sides and no XLA compile this test does not test (TF's
+  # XLA path is the contract and end-to-end tests'); JAX ignores the key.
+  config.apply_overrides(cfg, ["train.jit_compile=false", "data.source=synthetic",
+                               "model.hidden_size=32",
                                "model.intermediate_size=64", "train.global_batch_size=16",
                                "optimizer.base_learning_rate=0.01", "optimizer.warmup_steps=0"])
   for key, value in parallel.items():
