@@ -87,16 +87,18 @@ def tf_weights(trainer):
 
 
 def test_tf_data_parallel_and_weight_update_sharding_equal_one_replica():
-  """4 replicas (MirroredStrategy over logical CPUs), with and without weight-update sharding,
-  3 LAMB steps with global-norm clipping of the summed gradient, against one replica. (4, not
-  8: half the replica graphs to trace; the 8-replica runtime is tested on ResNet.)"""
+  """2 replicas (MirroredStrategy over logical CPUs), with and without weight-update sharding,
+  3 LAMB steps with global-norm clipping of the summed gradient, against one replica. (2: what
+  is BERT's here, the clipping and LAMB's whole-layer trust ratio over a sharded update, needs
+  a cross-replica sum, not many replicas; each replica is traced separately, and 4 took ~20 s
+  more on 2 CPU cores. The 4-replica runtime is tested on ResNet, tests/parallel.)"""
   single = tf_weights(tf_trained(mesh="data=1"))
-  for parallel in (dict(mesh="data=4"), dict(mesh="data=4", weight_update_sharding=True)):
+  for parallel in (dict(mesh="data=2"), dict(mesh="data=2", weight_update_sharding=True)):
     trainer = tf_trained(**parallel)
-    assert trainer.num_devices == 4
+    assert trainer.num_devices == 2
     for path, value in tf_weights(trainer).items():
       if path.endswith("key/bias"):
         continue      # zero gradient in exact arithmetic: Adam amplifies float32 noise
       np.testing.assert_allclose(value, single[path], rtol=1e-5, atol=1e-6, err_msg=path)
-  assert trainer.describe()["optimizer_state_bytes_per_device"] * 4 < 1.01 * sum(
-      2 * 4 * v.size for v in single.values())               # m and v, one quarter each
+  assert trainer.describe()["optimizer_state_bytes_per_device"] * 2 < 1.01 * sum(
+      2 * 4 * v.size for v in single.values())               # m and v, one half each

@@ -120,11 +120,14 @@ class MeshTrainer:
                                         self.spec_module.PARAM_AXES)
 
   def compile_steps(self, train_step, state_shardings):
-    """AOT-compiles the train step (state donated) and the eval step for self.state."""
+    """AOT-compiles the train step (state donated) and, where there is an eval split, the eval
+    step for self.state."""
     self._train_step = jax.jit(train_step, donate_argnums=0, out_shardings=(
         state_shardings, self.runtime.replicated)).lower(
             self.state, self.batch_shapes(self.cfg.train.global_batch_size)).compile()
-    if self.describing:                 # describe reads the train step's program only
+    # describe reads the train step's program only; a synthetic run has no eval split
+    # (evaluate() refuses it), so its eval step would be compiled and never run
+    if self.describing or self.cfg.data.source == "synthetic":
       return
     self._eval_step = jax.jit(self.eval_step).lower(
         self.state, self.batch_shapes(self.eval_batch_size(), with_mask=True)).compile()
