@@ -198,15 +198,17 @@ def check_fits(parallel: ParallelConfig, *, framework: str, workload: str,
                         workload_axes)
   except ValueError as e:
     raise UsageError(str(e)) from None
+  data, spelled = axes["data"], str(axes["data"])
   if devices is not None:
     try:
-      mesh_shape(parallel, devices, global_batch_size)
+      data = mesh_shape(parallel, devices, global_batch_size).data
     except ValueError as e:
       raise UsageError(f"{e} (--cpu-devices)") from None
-  data = axes["data"]
+    if not axes["data"]:              # the default mesh: the data axis takes every device
+      spelled = f"{data}: --cpu-devices {devices}"
   if data and global_batch_size % data:
     raise UsageError(f"train.global_batch_size={global_batch_size} is not divisible by the "
-                     f"data axis ({data}); allowed: a multiple of {data}")
+                     f"data axis ({spelled}); allowed: a multiple of {data}")
   if global_batch_size % parallel.num_processes:
     raise UsageError(f"train.global_batch_size={global_batch_size} is not divisible by "
                      f"--num-processes {parallel.num_processes}")

@@ -41,6 +41,9 @@ def _fits(text, framework="jax", workload="bert", **kw):
     ("data=4,spatial=2", {}, "bert has no dimension laid out on it; allowed axes for bert: data"),
     ("data=3", {}, "train.global_batch_size=32 is not divisible by the data axis"),
     ("data=16", {"devices": 8}, "needs 16 devices; 8 available"),
+    # the default mesh puts every device on the data axis: resolved here, not in a trainer
+    ("", {"devices": 3}, "train.global_batch_size=32 is not divisible by the data axis "
+                         "(3: --cpu-devices 3); allowed: a multiple of 3"),
 ])
 def test_fit_check_before_any_framework(text, kw, message):
   with pytest.raises(UsageError, match=message.replace("(", r"\(").replace(")", r"\)")):

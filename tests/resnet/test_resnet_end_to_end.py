@@ -114,7 +114,7 @@ def test_mini_on_simulated_devices_matches_the_device_count(cli, tmp_path):
   proc = cli("run", "resnet50", "--cpu-devices", "3", "--results", str(tmp_path / "r.csv"),
              "--log-dir", str(tmp_path / "logs"))
   assert proc.returncode == 2
-  assert "not divisible by the 3 devices" in proc.stderr
+  assert "not divisible by the data axis (3: --cpu-devices 3)" in proc.stderr
   assert not (tmp_path / "r.csv").exists() and not glob.glob(str(tmp_path / "logs" / "*"))
 
 
