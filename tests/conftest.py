@@ -112,23 +112,29 @@ def assert_same_saved_run(multi_path, one_path, count):
     np.testing.assert_allclose(multi[key], one[key], rtol=1e-5, atol=1e-6, err_msg=key)
 
 
-# The files that take minutes, longest first (measured in .ci/run). pytest-xdist hands whole
-# files to its two workers in collection order; starting the longest ones first keeps a long
-# file from starting last and running alone while the other worker idles.
+# The files that take a minute or more, longest first (per-file sums of .ci/run's durations).
+# pytest-xdist hands whole files to its two workers in collection order; starting the longest
+# ones first keeps a long file from starting last and running alone while the other worker
+# idles (BERT's end-to-end file, 10th of 13 here, ran alone for the last ~4 minutes of a run).
 LONG_FILES = (
-    "tests/efficientnet/test_efficientnet_end_to_end.py",
     "tests/resnet/test_resnet_end_to_end.py",
-    "tests/parallel/test_tf_distributed.py",
+    "tests/efficientnet/test_efficientnet_end_to_end.py",
     "tests/test_contract.py",
-    "tests/ssd/test_ssd_end_to_end.py",
-    "tests/ssd/test_ssd_distributed.py",
-    "tests/transformer/test_transformer_distributed.py",
-    "tests/transformer/test_transformer_end_to_end.py",
-    "tests/bert/test_bert_distributed.py",
-    "tests/bert/test_bert_end_to_end.py",
-    "tests/efficientnet/test_efficientnet_distributed.py",
+    "tests/parallel/test_tf_distributed.py",
     "tests/parallel/test_jax_distributed.py",
+    "tests/ssd/test_ssd_end_to_end.py",
+    "tests/transformer/test_transformer_end_to_end.py",
+    "tests/efficientnet/test_efficientnet_distributed.py",
+    "tests/ssd/test_ssd_distributed.py",
+    "tests/bert/test_bert_end_to_end.py",
+    "tests/harness/test_summarize.py",
+    "tests/bert/test_bert_parity.py",
+    "tests/bert/test_bert_distributed.py",
+    "tests/resnet/test_resnet_parity.py",
+    "tests/efficientnet/test_efficientnet_parity.py",
     "tests/ssd/test_ssd_model.py",
+    "tests/efficientnet/test_efficientnet_model.py",
+    "tests/transformer/test_transformer_distributed.py",
 )
 
 
