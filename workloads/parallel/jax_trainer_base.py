@@ -121,10 +121,15 @@ class MeshTrainer:
 
   def compile_steps(self, train_step, state_shardings):
     """AOT-compiles the train step (state donated) and, where there is an eval split, the eval
-    step for self.state."""
+    step for self.state. When describing, the train step is only read (cost analysis, HLO),
+    never run: compiled at backend optimisation level 0, which leaves the HLO and its cost
+    analysis as they are and skips LLVM's work (ResNet-50 reference describe at 128 px: 28 ->
+    22 s, the same FLOPs)."""
+    options = {"xla_backend_optimization_level": 0} if self.describing else None
     self._train_step = jax.jit(train_step, donate_argnums=0, out_shardings=(
         state_shardings, self.runtime.replicated)).lower(
-            self.state, self.batch_shapes(self.cfg.train.global_batch_size)).compile()
+            self.state, self.batch_shapes(self.cfg.train.global_batch_size)).compile(
+                compiler_options=options)
     # describe reads the train step's program only; a synthetic run has no eval split
     # (evaluate() refuses it), so its eval step would be compiled and never run
     if self.describing or self.cfg.data.source == "synthetic":
