@@ -11,7 +11,9 @@ import functools
 from typing import Any
 
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
+from jax import lax
 
 from workloads.efficientnet import spec
 
@@ -23,10 +25,46 @@ depthwise_init = nn.initializers.variance_scaling(2.0, "fan_in", "truncated_norm
 dense_init = nn.initializers.variance_scaling(1.0 / 3.0, "fan_out", "uniform")
 
 
+def depthwise_as_taps(x, kernel, stride):
+  """A depthwise 'SAME' conv as the sum of its k x k taps (spec.DepthwiseTaps): the function
+  of lax.conv_general_dilated with feature_group_count = channels, in ops XLA:CPU fuses."""
+  n, h, w, c = x.shape
+  taps = spec.DepthwiseTaps(h, w, kernel.shape[0], stride)
+  x = jnp.pad(x, ((0, 0), taps.rows, taps.cols, (0, 0)))
+  out = None
+  for i, j, (top, left), (bottom, right) in taps:
+    tap = lax.slice(x, (0, top, left, 0), (n, bottom, right, c), (1, stride, stride, 1))
+    out = tap * kernel[i, j, 0] if out is None else out + tap * kernel[i, j, 0]
+  return out
+
+
+class DepthwiseConv(nn.Module):
+  """nn.Conv with feature_group_count = channels, 'SAME', no bias (the same kernel parameter,
+  [k, k, 1, C]): on the CPU backend computed as taps, elsewhere as the backend's grouped conv
+  (cuDNN, TPU)."""
+  kernel_size: int
+  strides: int = 1
+  dtype: Any = jnp.float32
+  kernel_init: Any = None
+
+  @nn.compact
+  def __call__(self, x):
+    channels = x.shape[-1]
+    kernel = self.param("kernel", self.kernel_init,
+                        (self.kernel_size, self.kernel_size, 1, channels), jnp.float32)
+    x, kernel = nn.dtypes.promote_dtype(x, kernel, dtype=self.dtype)
+    if jax.default_backend() == "cpu":
+      return depthwise_as_taps(x, kernel, self.strides)
+    return lax.conv_general_dilated(x, kernel, (self.strides,) * 2, "SAME",
+                                    dimension_numbers=("NHWC", "HWIO", "NHWC"),
+                                    feature_group_count=channels)
+
+
 class MBConv(nn.Module):
   block: spec.Block
   conv: Any
   norm: Any
+  dtype: Any = jnp.float32
 
   @nn.compact
   def __call__(self, inputs, train: bool):
@@ -36,8 +74,8 @@ class MBConv(nn.Module):
     if b.expand_ratio != 1:
       x = self.conv(filters, (1, 1), name="expand_conv")(x)
       x = nn.swish(self.norm(name="expand_bn")(x))
-    x = self.conv(filters, (b.kernel, b.kernel), strides=(b.strides, b.strides),
-                  feature_group_count=filters, kernel_init=depthwise_init, name="dwconv")(x)
+    x = DepthwiseConv(b.kernel, b.strides, dtype=self.dtype, kernel_init=depthwise_init,
+                      name="dwconv")(x)
     x = nn.swish(self.norm(name="bn")(x))
     se = jnp.mean(x, axis=(1, 2), keepdims=True)
     se = nn.swish(self.conv(b.se_filters, (1, 1), use_bias=True, name="se_reduce")(se))
@@ -74,7 +112,7 @@ class EfficientNet(nn.Module):
     x = nn.swish(norm(name="stem_bn")(x))
     for block in spec.blocks(self.width_coefficient, self.depth_coefficient,
                              self.drop_connect_rate):
-      x = MBConv(block, conv, norm, name=block.name)(x, train)
+      x = MBConv(block, conv, norm, self.dtype, name=block.name)(x, train)
     x = conv(filters(spec.TOP_FILTERS), (1, 1), name="top_conv")(x)
     x = nn.swish(norm(name="top_bn")(x))
     x = jnp.mean(x, axis=(1, 2))

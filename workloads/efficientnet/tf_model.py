@@ -8,6 +8,7 @@ groups of replicas (workloads/parallel/tf_layers.py). No spatial partitioning.
 """
 import numpy as np
 import keras
+import tensorflow as tf
 from keras import layers
 
 from workloads.efficientnet import spec
@@ -24,15 +25,32 @@ def _conv(filters, kernel, name, dtype, strides=1, use_bias=False, activation=No
                        dtype=dtype)
 
 
-def _mbconv(inputs, b, lay):
+class DepthwiseConv2DTaps(layers.DepthwiseConv2D):
+  """Keras' DepthwiseConv2D ('same', no bias; the same kernel variable) computed as the sum of
+  its k x k taps (spec.DepthwiseTaps), for a step XLA compiles for a CPU: XLA:CPU's grouped
+  conv is a naive loop nest. TF's own CPU kernel (no XLA) is fast and stays."""
+
+  def call(self, inputs):
+    _, h, w, _ = inputs.shape
+    stride = self.strides[0]
+    taps = spec.DepthwiseTaps(h, w, self.kernel_size[0], stride)
+    x = tf.pad(inputs, [(0, 0), taps.rows, taps.cols, (0, 0)])
+    kernel = tf.cast(self.kernel, x.dtype)
+    out = None
+    for i, j, (top, left), (bottom, right) in taps:
+      tap = x[:, top:bottom:stride, left:right:stride, :] * kernel[i, j, :, 0]
+      out = tap if out is None else out + tap
+    return out
+
+
+def _mbconv(inputs, b, lay, depthwise):
   dtype, x = lay.dtype, inputs
   filters = b.filters_in * b.expand_ratio
   if b.expand_ratio != 1:
     x = _conv(filters, 1, f"{b.name}_expand_conv", dtype)(x)
     x = layers.Activation("swish", dtype=dtype)(lay.bn(f"{b.name}_expand_bn")(x))
-  x = layers.DepthwiseConv2D(b.kernel, b.strides, padding="same", use_bias=False,
-                             depthwise_initializer=conv_init(), name=f"{b.name}_dwconv",
-                             dtype=dtype)(x)
+  x = depthwise(b.kernel, b.strides, padding="same", use_bias=False,
+                depthwise_initializer=conv_init(), name=f"{b.name}_dwconv", dtype=dtype)(x)
   x = layers.Activation("swish", dtype=dtype)(lay.bn(f"{b.name}_bn")(x))
   se = layers.GlobalAveragePooling2D(keepdims=True, dtype=dtype)(x)
   se = _conv(b.se_filters, 1, f"{b.name}_se_reduce", dtype, use_bias=True, activation="swish")(se)
@@ -47,9 +65,11 @@ def _mbconv(inputs, b, lay):
   return x
 
 
-def efficientnet(model_cfg, image_size, dtype="float32", runtime=None):
+def efficientnet(model_cfg, image_size, dtype="float32", runtime=None, depthwise_taps=False):
   """dtype 'mixed_bfloat16' computes in bf16 with float32 variables; 'float64' (parity tests).
-  `runtime`: a distributed tf_runtime.StrategyRuntime, or None for one replica."""
+  `runtime`: a distributed tf_runtime.StrategyRuntime, or None for one replica.
+  depthwise_taps: depthwise convs as DepthwiseConv2DTaps (for a step XLA compiles for a CPU)."""
+  depthwise = DepthwiseConv2DTaps if depthwise_taps else layers.DepthwiseConv2D
   m = model_cfg
   lay = tf_layers.RuntimeLayers(runtime, dtype, bn_momentum=m.bn_momentum,
                                 bn_epsilon=spec.BN_EPSILON)
@@ -59,7 +79,7 @@ def efficientnet(model_cfg, image_size, dtype="float32", runtime=None):
             strides=2)(inputs)
   x = layers.Activation("swish", dtype=dtype)(lay.bn("stem_bn")(x))
   for block in spec.blocks(m.width_coefficient, m.depth_coefficient, m.drop_connect_rate):
-    x = _mbconv(x, block, lay)
+    x = _mbconv(x, block, lay, depthwise)
   x = _conv(spec.round_filters(spec.TOP_FILTERS, m.width_coefficient), 1, "top_conv", dtype)(x)
   x = layers.Activation("swish", dtype=dtype)(lay.bn("top_bn")(x))
   x = layers.GlobalAveragePooling2D(dtype=dtype)(x)
