@@ -1,5 +1,6 @@
 """EfficientNet's architecture: trainable parameter counts equal keras.applications' for
-B0..B7, and the block table's structure (rounding, stochastic depth rates, strides)."""
+B0..B7, the block table's structure (rounding, stochastic depth rates, strides), and the
+depthwise convs as taps equal to each framework's grouped conv."""
 import math
 import os
 
@@ -129,3 +130,31 @@ def test_unknown_variant_is_a_one_line_usage_error(cli):
   proc = cli("describe", "efficientnet", "--set", "model.variant=b9")
   assert proc.returncode == 2 and "model.variant" in proc.stderr, proc.stderr
   assert len(proc.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("size,kernel,stride", [(8, 3, 1), (9, 3, 2), (8, 5, 2), (7, 5, 1)])
+def test_depthwise_taps_equal_the_grouped_conv(size, kernel, stride):
+  """The taps (the depthwise convs XLA compiles for a CPU) compute the frameworks' own grouped
+  conv, 'SAME' padding included (odd sizes at stride 2 pad one more pixel after), forward and
+  gradients in JAX, forward in Keras with the same kernel; float64, so only rounding differs."""
+  rng = np.random.default_rng(0)
+  x = rng.standard_normal((2, size, size + 1, 6))
+  w = rng.standard_normal((kernel, kernel, 1, 6))
+  with jax.enable_x64(True):
+    def native(x, w):
+      return jax.lax.conv_general_dilated(x, w, (stride, stride), "SAME", feature_group_count=6,
+                                          dimension_numbers=("NHWC", "HWIO", "NHWC"))
+    taps = lambda x, w: jax_model.depthwise_as_taps(x, w, stride)
+    np.testing.assert_allclose(taps(x, w), native(x, w), rtol=1e-12, atol=1e-12)
+    grads = [jax.grad(lambda x, w: (f(x, w) ** 2).sum(), argnums=(0, 1))(x, w)
+             for f in (taps, native)]
+    for got, want in zip(*grads):
+      np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+  layers = [cls(kernel, stride, padding="same", use_bias=False, dtype="float64")
+            for cls in (tf_model.DepthwiseConv2DTaps, keras.layers.DepthwiseConv2D)]
+  outputs = []
+  for layer in layers:
+    layer.build(x.shape)
+    layer.set_weights([w.transpose(0, 1, 3, 2)])          # Keras: [k, k, C, 1]
+    outputs.append(np.asarray(layer(x)))
+  np.testing.assert_allclose(outputs[0], outputs[1], rtol=1e-12, atol=1e-12)
