@@ -14,6 +14,7 @@ from harness.config import TrainConfig, in_range, one_of, positive
 from harness.errors import UsageError
 from harness.mesh import ParallelConfig
 from harness.workload import TOP1, WorkloadSpec
+from workloads.common.conv_geometry import same_padding
 from workloads.optim import schedules
 from workloads.optim.configs import LarsPolyConfig, RmsPropConfig
 
@@ -76,12 +77,6 @@ def blocks(width_coefficient, depth_coefficient, drop_connect_rate):
                        drop_connect_rate * index / total))
       index += 1
   return out
-
-
-def same_padding(size, kernel, stride):
-  """TF's 'SAME' padding of one spatial dimension: (before, after), the odd pixel after."""
-  total = max((-(-size // stride) - 1) * stride + kernel - size, 0)
-  return total // 2, total - total // 2
 
 
 @dataclasses.dataclass(frozen=True)

@@ -37,6 +37,10 @@ from workloads.parallel import jax_runtime
 # tf.data only feeds the host here: keep TensorFlow off any GPU so JAX has all its memory.
 tf.config.set_visible_devices([], "GPU")
 
+# XLA's backend optimisation level 0 (LLVM's passes skipped, the HLO and its cost analysis as
+# they are): for programs that run once or never (initial_state, describe's compile_steps).
+LEVEL_0 = {"xla_backend_optimization_level": 0}
+
 
 class MeshTrainer:
   spec_module = None            # the workload's spec.py (batch_layout, PARAM_AXES, SPEC)
@@ -111,8 +115,7 @@ class MeshTrainer:
       return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
                           jax.eval_shape(self._create_state, *args), shardings)
     create = jax.jit(self._create_state, out_shardings=shardings)
-    return create.lower(*args).compile(
-        compiler_options={"xla_backend_optimization_level": 0})(*args)
+    return create.lower(*args).compile(compiler_options=LEVEL_0)(*args)
 
   def state_shardings(self, create_state, rng):
     """Shardings of the state `create_state(rng)` builds, per the runtime's layout rules."""
@@ -125,7 +128,7 @@ class MeshTrainer:
     never run: compiled at backend optimisation level 0, which leaves the HLO and its cost
     analysis as they are and skips LLVM's work (ResNet-50 reference describe at 128 px: 28 ->
     22 s, the same FLOPs)."""
-    options = {"xla_backend_optimization_level": 0} if self.describing else None
+    options = LEVEL_0 if self.describing else None
     self._train_step = jax.jit(train_step, donate_argnums=0, out_shardings=(
         state_shardings, self.runtime.replicated)).lower(
             self.state, self.batch_shapes(self.cfg.train.global_batch_size)).compile(

@@ -6,6 +6,8 @@ import keras
 import tensorflow as tf
 from keras import layers
 
+from workloads.common.conv_geometry import same_padding
+
 
 class CrossReplicaBatchNorm(layers.BatchNormalization):
   """BatchNormalization whose training statistics pool `runtime.bn_group_size` consecutive
@@ -72,13 +74,6 @@ class SpatialGlobalAveragePool(layers.Layer):
 
   def compute_output_shape(self, shape):
     return (shape[0], shape[3])
-
-
-def same_padding(size, kernel, stride):
-  """TF 'SAME' padding (before, after) of one dimension."""
-  out = -(-size // stride)
-  total = max((out - 1) * stride + kernel - size, 0)
-  return total // 2, total - total // 2
 
 
 keras.saving.register_keras_serializable("harness")(CrossReplicaBatchNorm)

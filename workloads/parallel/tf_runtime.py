@@ -87,6 +87,13 @@ def _row(stacked, index):
   return tf.reduce_sum(tf.reshape(onehot, [-1] + [1] * (stacked.shape.rank - 1)) * stacked, 0)
 
 
+def _as_row(x, index, rows):
+  """x as row `index` of an otherwise zero [rows, ...] tensor (the inverse of _row, and for the
+  same reason a one-hot product): summed over replicas, the rows stack every replica's x."""
+  onehot = tf.one_hot(index, rows, dtype=x.dtype)
+  return tf.reshape(onehot, [rows] + [1] * x.shape.rank) * x[None]
+
+
 class StrategyRuntime:
   def __init__(self, parallel, global_batch_size=0):
     self.parallel = parallel
@@ -167,8 +174,8 @@ class StrategyRuntime:
       return x
     self._count("all_gather")
     n = self.num_replicas
-    onehot = tf.reshape(tf.one_hot(self.replica_id(), n, dtype=x.dtype), [n] + [1] * x.shape.rank)
-    gathered = tf.distribute.get_replica_context().all_reduce(SUM, onehot * x[None])
+    gathered = tf.distribute.get_replica_context().all_reduce(
+        SUM, _as_row(x, self.replica_id(), n))
     return tf.reshape(gathered, [n * x.shape[0]] + x.shape[1:].as_list())
 
   def group_sum(self, x, group_size):
@@ -179,8 +186,7 @@ class StrategyRuntime:
       return self.all_sum(x)
     groups = self.num_replicas // group_size
     slot = self.replica_id() // group_size
-    onehot = tf.reshape(tf.one_hot(slot, groups, dtype=x.dtype), [groups] + [1] * x.shape.rank)
-    return _row(self.all_sum(onehot * x[None]), slot)
+    return _row(self.all_sum(_as_row(x, slot, groups)), slot)
 
   def halo_pad(self, x, top, bottom, left, right, value=0.0):
     """Pads an NHWC row slab as if the whole image were padded: `top` rows from the slab above
