@@ -95,6 +95,31 @@ def test_summary_equals_the_official_summarizer(round_name, official_runs):
   assert scored <= {(r.system, r.benchmark) for r in ours.itertuples()}
 
 
+def test_the_checker_reads_every_rules_file_alike_with_libyaml():
+  """summarize hands the compliance checker libyaml's BaseLoader: the same tree (or the same
+  error, at the same place) as PyYAML's own for every rules file mlperf-logging ships, and the
+  checker's own `yaml` is back afterwards."""
+  import yaml
+  from mlperf_logging.compliance_checker import mlp_compliance
+  shim = summarize._YamlWithLibyamlBaseLoader()      # pylint: disable=protected-access
+  assert shim.BaseLoader is yaml.CBaseLoader and shim.load is yaml.load
+
+  def load(path, loader):
+    with open(path) as f:
+      try:
+        return yaml.load(f, Loader=loader)
+      except yaml.MarkedYAMLError as e:     # the messages differ in wording, not in place
+        return type(e).__name__, e.problem_mark.line, e.problem_mark.column
+  files = glob.glob(os.path.join(os.path.dirname(mlp_compliance.__file__), "**", "*.yaml"),
+                    recursive=True)
+  assert len(files) > 100
+  for path in files:
+    assert load(path, shim.BaseLoader) == load(path, yaml.BaseLoader), path
+  summarize.run_minutes(glob.glob(os.path.join(SHARED_RESULTS, "*", "results", "*", "*",
+                                               "result_0.txt"))[0], "0.7.0")
+  assert mlp_compliance.yaml is yaml
+
+
 @pytest.mark.skipif(not ROUNDS, reason="../shared/mlperf_results missing")
 def test_round_rules_scaling_and_drop_counts():
   """What the rounds beyond v0.7 need: a failed compliance check drops the run (v2.1 Habana
