@@ -195,8 +195,9 @@ class StrategyTrainer:
     return [c for v in state for c in self.strategy.experimental_local_results(v)]
 
   def init(self):
-    """Builds the model and optimizer, then traces and compiles the multi-step loop and the eval
-    loop by running them once on zeros (no dataset exists yet), and restores the initial state."""
+    """Builds the model and optimizer, then traces and compiles the multi-step loop and (unless
+    the data is synthetic) the eval loop by running them once on zeros (no dataset exists yet),
+    and restores the initial state."""
     self.build()
     hosts = self.runtime.process_count
 
@@ -209,10 +210,14 @@ class StrategyTrainer:
     saved = [v.numpy() for v in state]
     gbs, eval_bs = self.cfg.train.global_batch_size, self.eval_batch_size()
     self._train_loop(self._distributed(zeros(gbs), gbs), tf.constant(1))
-    if self.eval_on_host:
-      self._eval_gather(self._distributed(zeros(eval_bs, True), eval_bs, True))
-    else:
-      self._eval_loop(self._distributed(zeros(eval_bs, True), eval_bs, True), tf.constant(1))
+    # a synthetic run has no eval split (evaluate() refuses it): its eval loop would be traced
+    # and never run (the JAX trainers skip compiling it too)
+    if self.cfg.data.source != "synthetic":
+      eval_batches = self._distributed(zeros(eval_bs, True), eval_bs, True)
+      if self.eval_on_host:
+        self._eval_gather(eval_batches)
+      else:
+        self._eval_loop(eval_batches, tf.constant(1))
     for var, value in zip(state, saved):
       var.assign(value)
 
