@@ -89,7 +89,8 @@ def _row(stacked, index):
 
 def _as_row(x, index, rows):
   """x as row `index` of an otherwise zero [rows, ...] tensor (the inverse of _row, and for the
-  same reason a one-hot product): summed over replicas, the rows stack every replica's x."""
+  same reason a one-hot product): summed over replicas, row i is the sum of the x of the
+  replicas that put theirs in row i (one replica each: every replica's x, stacked)."""
   onehot = tf.one_hot(index, rows, dtype=x.dtype)
   return tf.reshape(onehot, [rows] + [1] * x.shape.rank) * x[None]
 
