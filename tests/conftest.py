@@ -145,27 +145,27 @@ def assert_same_saved_run(multi_path, one_path, count):
     np.testing.assert_allclose(multi[key], one[key], rtol=1e-5, atol=1e-6, err_msg=key)
 
 
-# The files that take a minute or more, longest first (per-file sums of a full run's
-# `--durations=0` on 2 cores, 2026-11-24). pytest-xdist hands whole files to its two workers in
-# collection order; starting the longest ones first keeps a long file from starting last and
-# running alone while the other worker idles (BERT's end-to-end file, 10th of 13 once, ran
-# alone for the last ~4 minutes of a run).
+# The files that take a minute or more, most CPU first (per-file sums of the per-test CPU
+# report of a full run on 2 cores, 2026-11-24). pytest-xdist hands whole files to its two
+# workers in this order (pytest.ini turns off its own reordering, which puts the files with the
+# most tests first: the end-to-end files, two to eleven tests each, started last and the last of
+# them ran alone while the other worker idled). Files not listed follow, in collection order.
 LONG_FILES = (
     "tests/resnet/test_resnet_end_to_end.py",
     "tests/ssd/test_ssd_end_to_end.py",
-    "tests/test_contract.py",
-    "tests/parallel/test_tf_distributed.py",
     "tests/efficientnet/test_efficientnet_end_to_end.py",
-    "tests/efficientnet/test_efficientnet_distributed.py",
     "tests/bert/test_bert_end_to_end.py",
-    "tests/ssd/test_ssd_distributed.py",
+    "tests/parallel/test_tf_distributed.py",
     "tests/transformer/test_transformer_end_to_end.py",
+    "tests/efficientnet/test_efficientnet_distributed.py",
+    "tests/ssd/test_ssd_distributed.py",
     "tests/parallel/test_jax_distributed.py",
+    "tests/test_contract.py",
+    "tests/harness/test_summarize.py",
     "tests/efficientnet/test_efficientnet_model.py",
     "tests/bert/test_bert_parity.py",
     "tests/bert/test_bert_distributed.py",
     "tests/efficientnet/test_efficientnet_parity.py",
-    "tests/harness/test_summarize.py",
     "tests/transformer/test_transformer_parity.py",
     "tests/resnet/test_resnet_parity.py",
     "tests/transformer/test_transformer_distributed.py",
@@ -219,6 +219,15 @@ def pytest_terminal_summary(terminalreporter):
                                   f"({sum(CPU_BY_TEST.values()) / 60:.1f} CPU minutes in all)")
   for nodeid, seconds in top:
     terminalreporter.write_line(f"{seconds:7.1f}s cpu  {nodeid}")
+  by_file = {}
+  for nodeid, seconds in CPU_BY_TEST.items():
+    path = nodeid.split("::", 1)[0]
+    by_file[path] = by_file.get(path, 0.0) + seconds
+  files = sorted(by_file.items(), key=lambda kv: -kv[1])[:len(LONG_FILES)]
+  terminalreporter.write_sep("=", f"most CPU time by file ({len(files)} of {len(by_file)}; "
+                                  "LONG_FILES in tests/conftest.py follows it)")
+  for path, seconds in files:
+    terminalreporter.write_line(f"{seconds:7.1f}s cpu  {path}")
 
 
 # Ending the session: after pytest has reported, leave without the interpreter's teardown. With
