@@ -42,7 +42,7 @@ def test_large_batch_recipe_logs_its_keys_and_passes_the_checker(cli, tmp_path):
   target), and a log that lacks one of them fails the rule file's recipe check."""
   results_csv = tmp_path / "results.csv"
   proc = cli("run", "efficientnet", "--preset", "mini_large_batch", "--steps", "16",
-             "--results", str(results_csv), "--log-dir", str(tmp_path / "logs"))
+             "--results", str(results_csv), "--log-dir", str(tmp_path / "logs"), few_steps=True)
   row = pd.read_csv(results_csv).iloc[0]          # exit 1: the run stopped short of the target
   assert proc.returncode == (0 if row["status"] == "success" else 1), proc.stderr[-2000:]
   events = {e["key"]: e for e in _log_events(row["log_path"])}

@@ -85,7 +85,7 @@ def test_synthetic_run_measures_throughput(cli, tmp_path):
   proc = cli("run", "resnet50", "--preset", "synthetic", "--steps", "3",
              "--set", "model.stage_sizes=1,1", "--set", "model.width=8",
              "--set", "data.image_size=32", "--set", "train.global_batch_size=8",
-             "--results", str(results_csv), "--log-dir", str(tmp_path / "logs"))
+             "--results", str(results_csv), "--log-dir", str(tmp_path / "logs"), few_steps=True)
   assert proc.returncode == 0, proc.stderr
   row = pd.read_csv(results_csv).iloc[0]
   assert row["preset"] == "synthetic" and row["throughput"] > 0
@@ -161,7 +161,8 @@ def test_run_benchmark_launched_once_per_process(tmp_path):
        "--steps", "64", "--cpu-devices", "2", "--coordinator", f"127.0.0.1:{port}",
        "--num-processes", "2", "--process-id", str(i), "--results", str(tmp_path / "r.csv"),
        "--log-dir", str(tmp_path / f"logs{i}")], stdout=subprocess.PIPE,
-      stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=clean_env()) for i in range(2)]
+      stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=clean_env(few_steps=True))
+      for i in range(2)]
   outs = [p.communicate(timeout=300)[0] for p in procs]
   assert [p.returncode for p in procs] == [1, 1], outs     # 64 steps: budget, not target
   frame = pd.read_csv(tmp_path / "r.csv")

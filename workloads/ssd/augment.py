@@ -10,10 +10,10 @@ stateless, drawn from a per-example `seed` (shape [2]), so a pipeline is reprodu
 example's augmentation does not depend on which host or thread prepares it.
 
 Where this differs from the reference (torchvision on PIL images):
-- the crop's tries are drawn all at once and the first acceptable one is taken (the same
-  distribution as trying them one after another); the reference's "draw a new mode until a
-  crop is accepted" loop is a tf.while_loop capped at MAX_CROP_ROUNDS rounds, after which the
-  image stays whole (each round keeps it whole with probability 1/7: the cap is reached with
+- the crop's rounds and tries are drawn all at once and the first acceptable one is taken
+  (the same distribution as trying them one after another); the reference's "draw a new mode
+  until a crop is accepted" loop is capped at MAX_CROP_ROUNDS rounds, after which the image
+  stays whole (each round keeps it whole with probability 1/7: the cap is reached with
   probability (6/7)^MAX_CROP_ROUNDS, about 2e-7);
 - colour jitter runs on float pixels, with no rounding to uint8 between its four steps;
 - resizing is tf.image.resize's antialiased bilinear, PIL's bilinear Resize's nearest match.
@@ -59,31 +59,33 @@ def sample_crop(boxes, seed, num_iterations):
   ends with the whole image; otherwise `num_iterations` tries of w, h ~ U(0.3, 1), left ~
   U(0, 1 - w), top ~ U(0, 1 - h), accepted when 0.5 <= w/h <= 2, every box's IoU with the crop
   is > the mode's minimum, and at least one box's centre is inside. No try accepted: a new
-  round (a new mode), as the reference's `while True`."""
+  round (a new mode), as the reference's `while True`.
+
+  All MAX_CROP_ROUNDS rounds are drawn and judged at once and the first that ends is taken:
+  the rounds are independent, so this is the distribution of trying them one after another,
+  in a few dozen ops instead of a while loop of them per round (the mini pipeline's crop
+  0.48 -> 0.1 ms per example, 2 CPU cores)."""
+  rounds, tries_per_round = MAX_CROP_ROUNDS, num_iterations
   min_iou = tf.constant([-math.inf if m is None else m for m in CROP_MIN_IOU], tf.float32)
-  whole = tf.constant([0.0, 0.0, 1.0, 1.0])
-
-  def round_(r, done, window, cropped):
-    keys = tf.random.experimental.stateless_split(
-        tf.random.experimental.stateless_fold_in(seed, r), 5)
-    mode = tf.random.stateless_uniform([], keys[0], 0, len(CROP_MIN_IOU), tf.int32)
-    w = _uniform(keys[1], [num_iterations], 0.3, 1.0)
-    h = _uniform(keys[2], [num_iterations], 0.3, 1.0)
-    left = _uniform(keys[3], [num_iterations]) * (1.0 - w)
-    top = _uniform(keys[4], [num_iterations]) * (1.0 - h)
-    tries = tf.stack([left, top, left + w, top + h], -1)                    # (T, 4)
-    ok = ((w / h >= 0.5) & (w / h <= 2.0) &
-          tf.reduce_all(iou(boxes, tries) > min_iou[mode], 0) &
-          tf.reduce_any(_centres_inside(boxes, tries), 0))
-    found = tf.reduce_any(ok)
-    keep = tf.equal(mode, 0)
-    window = tf.where(keep, whole, tf.where(found, tries[tf.argmax(tf.cast(ok, tf.int32))],
-                                            window))
-    return r + 1, keep | found, window, ~keep & found
-
-  _, _, window, cropped = tf.while_loop(
-      lambda r, done, *_: (~done) & (r < MAX_CROP_ROUNDS), round_,
-      (tf.constant(0), tf.constant(False), whole, tf.constant(False)))
+  keys = tf.random.experimental.stateless_split(seed, 5)
+  mode = tf.random.stateless_uniform([rounds], keys[0], 0, len(CROP_MIN_IOU), tf.int32)
+  w = _uniform(keys[1], [rounds, tries_per_round], 0.3, 1.0)
+  h = _uniform(keys[2], [rounds, tries_per_round], 0.3, 1.0)
+  left = _uniform(keys[3], [rounds, tries_per_round]) * (1.0 - w)
+  top = _uniform(keys[4], [rounds, tries_per_round]) * (1.0 - h)
+  tries = tf.reshape(tf.stack([left, top, left + w, top + h], -1), [-1, 4])   # (R * T, 4)
+  shape = [-1, rounds, tries_per_round]
+  ok = ((w / h >= 0.5) & (w / h <= 2.0) &
+        tf.reduce_all(tf.reshape(iou(boxes, tries), shape) > tf.gather(min_iou, mode)[:, None],
+                      0) &
+        tf.reduce_any(tf.reshape(_centres_inside(boxes, tries), shape), 0))   # (R, T)
+  keep = tf.equal(mode, 0)
+  ends = keep | tf.reduce_any(ok, 1)                                         # (R,)
+  first = lambda flags: tf.argmax(tf.cast(flags, tf.int32), output_type=tf.int32)
+  r = first(ends)                    # the first round that ends (0 when none does: see below)
+  cropped = ends[r] & ~keep[r]
+  window = tf.where(cropped, tries[r * tries_per_round + first(ok[r])],
+                    tf.constant([0.0, 0.0, 1.0, 1.0]))
   return window, cropped
 
 
