@@ -61,6 +61,26 @@ def test_head_layout_is_the_reference_view_of_nchw():
   np.testing.assert_array_equal(np.asarray(jax_model._by_anchor(jnp.asarray(x), 4, 6)), want)
 
 
+def test_hardest_negatives_are_the_first_k_of_a_stable_descending_sort():
+  """Both frameworks' `hardest` select, per row, what ranking by a stable descending sort and
+  keeping ranks below k does (the reference's sort, then its first k), on rows full of ties
+  (values on a coarse grid, a run of zeros as the positives leave), for every k from 0 to A."""
+  rng = np.random.default_rng(3)
+  values = np.round(rng.exponential(1.0, (6, 40)), 1).astype(np.float32)
+  values[:, ::5] = 0.0
+  values[5] = 0.7                                        # one row all tied
+  for k in range(0, 41):
+    ks = np.full(6, k, np.int32)
+    ks[0] = 40 - k                                       # rows with other k's alongside
+    want = np.zeros(values.shape, bool)
+    for row, (v, n) in enumerate(zip(values, ks)):
+      want[row, np.argsort(-v, kind="stable")[:n]] = True
+    np.testing.assert_array_equal(np.asarray(jax_trainer.hardest(jnp.asarray(values), ks)),
+                                  want, err_msg=f"jax k={k}")
+    np.testing.assert_array_equal(tf_trainer.hardest(tf.constant(values), tf.constant(ks)),
+                                  want, err_msg=f"tf k={k}")
+
+
 # ----------------------------------------------------------------------------- parity
 
 def numpy_loss(locs, logits, gt, labels):

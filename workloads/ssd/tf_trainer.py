@@ -14,6 +14,16 @@ def smooth_l1(x):
   return tf.where(ax < 1.0, 0.5 * x * x, ax - 0.5)
 
 
+def hardest(values, k):
+  """jax_trainer.hardest in TF: each row's k largest values, ties to the lower index."""
+  last = tf.clip_by_value(k - 1, 0, values.shape[1] - 1)
+  kth = tf.gather(tf.sort(values, axis=1, direction="DESCENDING"), last, axis=1,
+                  batch_dims=1)[:, None]
+  above, tie = values > kth, values == kth
+  room = k[:, None] - tf.reduce_sum(tf.cast(above, tf.int32), 1, keepdims=True)
+  return above | (tie & (tf.cumsum(tf.cast(tie, tf.int32), axis=1) <= room))
+
+
 def ssd_loss_sum(locs, logits, gt_offsets, gt_labels, neg_ratio=3):
   """jax_trainer.ssd_loss summed (not averaged) over this replica's images."""
   positive = gt_labels > 0
@@ -22,9 +32,8 @@ def ssd_loss_sum(locs, logits, gt_offsets, gt_labels, neg_ratio=3):
   loc_loss = tf.reduce_sum(tf.reduce_sum(smooth_l1(locs - gt_offsets), -1) * pos, 1)
   con = tf.nn.sparse_softmax_cross_entropy_with_logits(gt_labels, logits)
   con_neg = tf.stop_gradient(tf.where(positive, tf.zeros_like(con), con))
-  rank = tf.argsort(tf.argsort(-con_neg, axis=1, stable=True), axis=1, stable=True)
   limit = tf.minimum(neg_ratio * num_pos, float(con.shape[1]))
-  negative = tf.cast(rank, locs.dtype) < limit[:, None]
+  negative = hardest(con_neg, tf.cast(limit, tf.int32))
   con_loss = tf.reduce_sum(con * tf.cast(positive | negative, con.dtype), 1)
   per_image = ((loc_loss + con_loss) * tf.cast(num_pos > 0, locs.dtype)
                / tf.maximum(num_pos, 1e-6))
