@@ -5,6 +5,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 
 import pytest
 
@@ -197,6 +198,7 @@ def _cpu_seconds():
 def pytest_runtest_protocol(item, nextitem):
   del nextitem
   item.harness_cpu_start = _cpu_seconds()
+  item.harness_wall_start = time.time()
   yield
 
 
@@ -204,15 +206,26 @@ def pytest_runtest_protocol(item, nextitem):
 def pytest_runtest_makereport(item, call):
   if call.when == "teardown":        # the report copies user_properties: xdist sends them on
     item.user_properties.append(("cpu_s", _cpu_seconds() - item.harness_cpu_start))
+    item.user_properties.append(("wall", (item.harness_wall_start, time.time())))
   yield
 
 
 CPU_BY_TEST = {}
+# (first test's start, last test's end, seconds in tests) per xdist worker: the suite's wall
+# time less the busiest worker's test seconds is start-up (each worker imports and collects
+# every test file) and the tail (one worker idle while the other ends).
+WORKER_SPANS = {}
+SESSION_START = time.time()         # the controller's import of this file: the session's start
 
 
 def pytest_runtest_logreport(report):
   if report.when == "teardown":
     CPU_BY_TEST.update({report.nodeid: v for k, v in report.user_properties if k == "cpu_s"})
+    worker = getattr(getattr(report, "node", None), "gateway", None)   # xdist's, on the controller
+    name = getattr(worker, "id", "main")
+    for start, end in (value for key, value in report.user_properties if key == "wall"):
+      first, last, busy = WORKER_SPANS.get(name, (start, end, 0.0))
+      WORKER_SPANS[name] = (min(first, start), max(last, end), busy + end - start)
 
 
 def pytest_terminal_summary(terminalreporter):
@@ -232,6 +245,11 @@ def pytest_terminal_summary(terminalreporter):
                                   "LONG_FILES in tests/conftest.py follows it)")
   for path, seconds in files:
     terminalreporter.write_line(f"{seconds:7.1f}s cpu  {path}")
+  terminalreporter.write_sep("=", "per worker: first test starts, last ends (s from session "
+                                  "start), seconds in tests")
+  for worker, (first, last, busy) in sorted(WORKER_SPANS.items()):
+    terminalreporter.write_line(f"{worker}: {first - SESSION_START:7.1f} "
+                                f"{last - SESSION_START:7.1f} {busy:7.1f}")
 
 
 # Ending the session: after pytest has reported, leave without the interpreter's teardown. With
