@@ -82,7 +82,7 @@ def sample_crop(boxes, seed, num_iterations):
   keep = tf.equal(mode, 0)
   ends = keep | tf.reduce_any(ok, 1)                                         # (R,)
   first = lambda flags: tf.argmax(tf.cast(flags, tf.int32), output_type=tf.int32)
-  r = first(ends)                    # the first round that ends (0 when none does: see below)
+  r = first(ends)                    # the first round that ends; none: 0, and not cropped
   cropped = ends[r] & ~keep[r]
   window = tf.where(cropped, tries[r * tries_per_round + first(ok[r])],
                     tf.constant([0.0, 0.0, 1.0, 1.0]))
