@@ -44,8 +44,9 @@ ROUNDS = sorted(os.path.basename(p) for p in glob.glob(os.path.join(ALL_ROUNDS, 
 # The official summarizer's own code, run as `python -m mlperf_logging.result_summarizer` runs
 # it, with one change: the compliance checker, which re-reads its rules YAML for every log,
 # reads it with libyaml's BaseLoader instead of PyYAML's pure-Python one (three quarters of the
-# tool's CPU by cProfile; v0.7's 295 logs: 14.5 -> 8.8 s, the same CSV). Both build the same tree from every rules file mlperf-logging
-# ships: test_the_checker_reads_every_rules_file_alike_with_libyaml below compares them all.
+# tool's CPU by cProfile; v0.7's 295 logs: 14.5 -> 8.8 s, the same CSV). Both build the same
+# tree from every rules file mlperf-logging ships: test_the_checker_reads_every_rules_file_
+# alike_with_libyaml below compares them all.
 _OFFICIAL_SUMMARIZER_WITH_LIBYAML = """
 import runpy, yaml
 yaml.BaseLoader = yaml.CBaseLoader
