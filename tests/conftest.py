@@ -2,7 +2,6 @@ import os
 import resource
 import shutil
 import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -48,6 +47,7 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
 # ... and TF ones 8 logical CPU devices (fixed before TensorFlow runs its first op).
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 from workloads.parallel import tf_runtime  # noqa: E402  pylint: disable=wrong-import-position
+from tests import fork_server  # noqa: E402  pylint: disable=wrong-import-position
 tf_runtime.use_logical_cpus(8)
 
 
@@ -63,13 +63,20 @@ def clean_env(few_steps=False):
 
 
 def run_cli(*args, cwd=None, timeout=600, few_steps=False):
-  """Runs `python run_benchmark.py ARGS` in a fresh process, as a user would. few_steps: with
-  the few-step switches, for a run that stops after a few steps (its compile is most of its
-  cost: EfficientNet's 16-step large-batch run 64 -> 31 s of CPU); a run to the target keeps
-  the user's defaults."""
-  return subprocess.run([sys.executable, os.path.join(ROOT, "run_benchmark.py"), *args],
-                        capture_output=True, text=True, cwd=cwd or ROOT, timeout=timeout,
-                        env=clean_env(few_steps))
+  """Runs `python run_benchmark.py ARGS` in a new process, as a user would, forked from a server
+  that has imported the third-party libraries (tests/fork_server.py: ~8 s of CPU less per run).
+  few_steps: with the few-step switches, for a run that stops after a few steps (its compile
+  is most of its cost: EfficientNet's 16-step large-batch run 64 -> 31 s of CPU); a run to the
+  target keeps the user's defaults."""
+  return fork_server.run([os.path.join(ROOT, "run_benchmark.py"), *args], cwd or ROOT,
+                         clean_env(few_steps), timeout=timeout)
+
+
+def start_cli(*args, few_steps=False):
+  """`python run_benchmark.py ARGS` started, not waited for: a Popen-like process whose
+  stdout carries stderr too."""
+  return fork_server.start([os.path.join(ROOT, "run_benchmark.py"), *args], ROOT,
+                           clean_env(few_steps), merge_stderr=True)
 
 
 @pytest.fixture
@@ -109,10 +116,9 @@ def free_port(count=1):
 
 def start_worker(script, out, processes, pid, port, devices, *extra):
   """One process of a multi-process test run: tests/SCRIPT OUT PROCESSES PID PORT DEVICES."""
-  return subprocess.Popen([sys.executable, os.path.join(ROOT, "tests", script), str(out),
-                           str(processes), str(pid), str(port), str(devices), *extra],
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
-                          env=clean_env(few_steps=True))
+  return fork_server.start([os.path.join(ROOT, "tests", script), str(out), str(processes),
+                           str(pid), str(port), str(devices), *extra], ROOT,
+                          clean_env(few_steps=True), merge_stderr=True)
 
 
 def run_workers(script, tmp_path, processes, devices, single_devices, timeout, count=40):
@@ -191,7 +197,8 @@ def pytest_collection_modifyitems(config, items):
 def _cpu_seconds():
   own, children = (resource.getrusage(who) for who in (resource.RUSAGE_SELF,
                                                       resource.RUSAGE_CHILDREN))
-  return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+  return (own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+          + fork_server.children_cpu_seconds())
 
 
 @pytest.hookimpl(hookwrapper=True)

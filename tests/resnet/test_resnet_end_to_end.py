@@ -148,21 +148,16 @@ def test_tf_on_2_logical_devices_local_bn_weight_update_sharding(cli, tmp_path):
 
 def test_run_benchmark_launched_once_per_process(tmp_path):
   """Two processes on 127.0.0.1, as the README shows; process 0 writes the log and the row."""
-  import os
   import socket
-  import subprocess
-  import sys
-  from tests.conftest import ROOT, clean_env
+  from tests.conftest import start_cli
   with socket.socket() as s:
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
-  procs = [subprocess.Popen(
-      [sys.executable, os.path.join(ROOT, "run_benchmark.py"), "run", "resnet50", "--seed", "0",
-       "--steps", "64", "--cpu-devices", "2", "--coordinator", f"127.0.0.1:{port}",
-       "--num-processes", "2", "--process-id", str(i), "--results", str(tmp_path / "r.csv"),
-       "--log-dir", str(tmp_path / f"logs{i}")], stdout=subprocess.PIPE,
-      stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=clean_env(few_steps=True))
-      for i in range(2)]
+  procs = [start_cli("run", "resnet50", "--seed", "0", "--steps", "64", "--cpu-devices", "2",
+                     "--coordinator", f"127.0.0.1:{port}", "--num-processes", "2",
+                     "--process-id", str(i), "--results", str(tmp_path / "r.csv"),
+                     "--log-dir", str(tmp_path / f"logs{i}"), few_steps=True)
+           for i in range(2)]
   outs = [p.communicate(timeout=300)[0] for p in procs]
   assert [p.returncode for p in procs] == [1, 1], outs     # 64 steps: budget, not target
   frame = pd.read_csv(tmp_path / "r.csv")

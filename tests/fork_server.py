@@ -1,0 +1,207 @@
+"""A fork server for the tests' command-line and multi-process runs.
+
+Each `python run_benchmark.py ...` the tests start would spend ~8 s of CPU importing
+TensorFlow, JAX, flax, optax and tfds before running a line of the project (this machine, 2
+cores; ~30 such processes in a full run). This server imports those libraries once, and for
+every request forks a child that becomes the requested process: its own session, working
+directory, environment, argv, stdin from /dev/null, stdout and stderr to the files asked for,
+then the script run as `__main__`, ending as an interpreter does (atexit, exit status). Only
+third-party libraries are preloaded, never the project's own modules, and no framework runtime
+is started before the fork (no JAX backend, no TF context), so the child starts its devices,
+threads and flags itself, as a fresh process does.
+
+Environment read at import time cannot change after the preload: JAX reads its config
+variables (JAX_DISABLE_MOST_OPTIMIZATIONS) then. So a server serves one environment, the one
+it was started with, and `start` below keeps one per environment asked for (pytest's own
+PYTEST_* variables aside).
+
+  python tests/fork_server.py SOCKET     (ends at stdin's EOF)
+
+It prints "ready CPU_S" (its CPU so far) once it listens. Per connection: one JSON line {argv,
+cwd, env, stdout, stderr} in; {"pid": N} and then {"returncode": R, "cpu_s": S} out (R as
+subprocess gives it: -signal when killed).
+"""
+import gc
+import importlib
+import json
+import os
+import resource
+import runpy
+import select
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+
+PRELOAD = ("numpy", "pandas", "yaml", "matplotlib", "tensorflow", "keras", "tensorflow_datasets",
+           "jax", "jax.numpy", "flax.linen", "optax", "pycocotools.coco",
+           "pycocotools.cocoeval", "mlperf_logging.mllog", "mlperf_logging.compliance_checker")
+
+
+def serve(path):
+  """Preloads, then forks per request; returns (in the forked child only) that request."""
+  for name in PRELOAD:
+    importlib.import_module(name)
+  # Out of the collector's sight: a child's collections and its interpreter's teardown no
+  # longer walk (and copy, page by page) the preloaded objects: a forked child's normal exit
+  # 1.06 -> 0.26 s of CPU.
+  gc.freeze()
+  listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+  listener.bind(path)
+  listener.listen(16)
+  signal.signal(signal.SIGCHLD, signal.SIG_IGN)      # the kernel reaps the reporters below
+  usage = resource.getrusage(resource.RUSAGE_SELF)
+  print(f"ready {usage.ru_utime + usage.ru_stime}", flush=True)
+  while True:
+    ready, _, _ = select.select([listener, sys.stdin], [], [])
+    if sys.stdin in ready and not os.read(sys.stdin.fileno(), 1024):
+      shutil.rmtree(os.path.dirname(path), ignore_errors=True)   # the test process has gone
+      os._exit(0)
+    if listener not in ready:
+      continue
+    conn, _ = listener.accept()
+    with conn.makefile("r") as lines:
+      request = json.loads(lines.readline())
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if os.fork() == 0:
+      signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+      listener.close()
+      pid = os.fork()
+      if pid == 0:
+        conn.close()
+        return request
+      _report(conn, pid)
+    conn.close()
+
+
+def _report(conn, pid):
+  """The reporter between the server and a run: tells the run's pid, waits for the run, tells
+  how it ended, and leaves without running anything of the server's."""
+  try:
+    conn.sendall((json.dumps({"pid": pid}) + "\n").encode())
+    _, status, usage = os.wait4(pid, 0)
+    conn.sendall((json.dumps({"returncode": os.waitstatus_to_exitcode(status),
+                              "cpu_s": usage.ru_utime + usage.ru_stime}) + "\n").encode())
+  finally:
+    os._exit(0)
+
+
+def become(request):
+  """Turns this forked child into the requested process, up to running its script."""
+  os.setsid()                              # its own process group: a timeout kills it whole
+  signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+  os.chdir(request["cwd"])
+  os.environ.clear()
+  os.environ.update(request["env"])
+  os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+  flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+  os.dup2(os.open(request["stdout"], flags, 0o644), 1)
+  if request["stderr"] == request["stdout"]:
+    os.dup2(1, 2)
+  else:
+    os.dup2(os.open(request["stderr"], flags, 0o644), 2)
+  argv = request["argv"]
+  sys.argv = list(argv)
+  sys.path[0] = os.path.dirname(os.path.abspath(argv[0]))   # as `python SCRIPT` sets it
+  runpy.run_path(argv[0], run_name="__main__")
+
+
+# ----------------------------------------------------------------------------- the tests' end
+
+_SERVERS = {}                    # one per environment, started on first use, per test process
+_CHILDREN_CPU_S = [0.0]          # CPU of the forked runs waited for (not in RUSAGE_CHILDREN)
+
+
+def children_cpu_seconds():
+  return _CHILDREN_CPU_S[0]
+
+
+def start(argv, cwd, env, merge_stderr=False):
+  """`python ARGV` (ARGV[0] a script) in CWD with exactly ENV, forked from the server for ENV:
+  a Popen-like ForkedProcess (stdout and stderr captured as text; merged if asked)."""
+  # pytest's own variables (PYTEST_CURRENT_TEST changes with every test) are read by nobody at
+  # import time: the child gets them, the server's key leaves them out
+  key = tuple(sorted((k, v) for k, v in env.items() if not k.startswith("PYTEST_")))
+  server = _SERVERS.get(key)
+  if server is None or server.poll() is not None:
+    server = _SERVERS[key] = _start_server(env)
+  return ForkedProcess(server, list(argv), cwd, env, merge_stderr)
+
+
+def _start_server(env):
+  workdir = tempfile.mkdtemp(prefix="harness-fork-server-")
+  proc = subprocess.Popen([sys.executable, os.path.abspath(__file__),
+                           os.path.join(workdir, "socket")],
+                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, cwd=workdir)
+  ready = proc.stdout.readline().split()
+  if ready[:1] != [b"ready"]:
+    raise RuntimeError(f"the fork server did not start (exit status {proc.wait()})")
+  _CHILDREN_CPU_S[0] += float(ready[1])     # its imports: the cost of the test that needed it
+  proc.workdir = workdir
+  return proc
+
+
+class ForkedProcess:
+  """The parts of subprocess.Popen the tests use: pid, returncode, wait, communicate, kill."""
+
+  def __init__(self, server, argv, cwd, env, merge_stderr):
+    self.args = argv
+    handle, self._stdout_path = tempfile.mkstemp(dir=server.workdir, suffix=".out")
+    os.close(handle)
+    self._stderr_path = self._stdout_path if merge_stderr else self._stdout_path[:-4] + ".err"
+    self._merged = merge_stderr
+    self._conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    self._conn.connect(os.path.join(server.workdir, "socket"))
+    request = {"argv": argv, "cwd": str(cwd), "env": env, "stdout": self._stdout_path,
+               "stderr": self._stderr_path}
+    self._conn.sendall((json.dumps(request) + "\n").encode())
+    self._replies = self._conn.makefile("r")
+    self.pid = json.loads(self._replies.readline())["pid"]
+    self.returncode = None
+
+  def wait(self, timeout=None):
+    if self.returncode is None:
+      self._conn.settimeout(timeout)
+      try:
+        line = self._replies.readline()
+      except (socket.timeout, TimeoutError):
+        raise subprocess.TimeoutExpired(self.args, timeout) from None
+      reply = json.loads(line)
+      self._conn.close()
+      self.returncode = reply["returncode"]
+      _CHILDREN_CPU_S[0] += reply["cpu_s"]
+    return self.returncode
+
+  def kill(self):
+    try:
+      os.killpg(self.pid, signal.SIGKILL)
+    except ProcessLookupError:
+      pass
+
+  def communicate(self, timeout=None):
+    """(stdout, stderr) as text, stderr None when merged; kills the run on a timeout."""
+    try:
+      self.wait(timeout)
+    except subprocess.TimeoutExpired:
+      self.kill()
+      raise
+    outputs = []
+    for path in {self._stdout_path: None, self._stderr_path: None}:
+      with open(path, encoding="utf-8", errors="replace") as f:
+        outputs.append(f.read())
+      os.remove(path)
+    return outputs[0], (None if self._merged else outputs[1])
+
+
+def run(argv, cwd, env, timeout=None):
+  """subprocess.run(capture_output=True, text=True) on a forked run."""
+  proc = start(argv, cwd, env)
+  stdout, stderr = proc.communicate(timeout=timeout)
+  return subprocess.CompletedProcess(argv, proc.returncode, stdout, stderr)
+
+
+if __name__ == "__main__":
+  become(serve(sys.argv[1]))
