@@ -44,11 +44,19 @@ OWN_JAX_CACHE = None
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
   OWN_JAX_CACHE = os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(
       prefix="harness-tests-jax-cache-")
-# ... and TF ones 8 logical CPU devices (fixed before TensorFlow runs its first op).
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-from workloads.parallel import tf_runtime  # noqa: E402  pylint: disable=wrong-import-position
 from tests import fork_server  # noqa: E402  pylint: disable=wrong-import-position
-tf_runtime.use_logical_cpus(8)
+
+
+def pytest_configure(config):
+  """In-process TF tests see 8 logical CPU devices (fixed before TensorFlow runs its first op,
+  so before any test file is imported), in the processes that run tests: not in xdist's
+  controller, which only hands out files (TensorFlow's import there, ~8 s of CPU, delayed the
+  workers' start)."""
+  if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
+    return
+  from workloads.parallel import tf_runtime   # pylint: disable=import-outside-toplevel
+  tf_runtime.use_logical_cpus(8)
 
 
 def clean_env(few_steps=False):
