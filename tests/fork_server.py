@@ -158,28 +158,40 @@ class ForkedProcess:
     request = {"argv": argv, "cwd": str(cwd), "env": env, "stdout": self._stdout_path,
                "stderr": self._stderr_path}
     self._conn.sendall((json.dumps(request) + "\n").encode())
-    self._replies = self._conn.makefile("r")
-    self.pid = json.loads(self._replies.readline())["pid"]
+    self._received = b""
+    self.pid = self._reply(None)["pid"]
     self.returncode = None
+
+  def _reply(self, timeout):
+    """The reporter's next JSON line (a timeout leaves what has arrived for the next call)."""
+    self._conn.settimeout(timeout)
+    while b"\n" not in self._received:
+      try:
+        chunk = self._conn.recv(4096)
+      except TimeoutError:
+        raise subprocess.TimeoutExpired(self.args, timeout) from None
+      if not chunk:
+        raise RuntimeError(f"the fork server's reporter for {self.args} ended without a reply")
+      self._received += chunk
+    line, _, self._received = self._received.partition(b"\n")
+    return json.loads(line)
 
   def wait(self, timeout=None):
     if self.returncode is None:
-      self._conn.settimeout(timeout)
-      try:
-        line = self._replies.readline()
-      except (socket.timeout, TimeoutError):
-        raise subprocess.TimeoutExpired(self.args, timeout) from None
-      reply = json.loads(line)
+      reply = self._reply(timeout)
       self._conn.close()
       self.returncode = reply["returncode"]
       _CHILDREN_CPU_S[0] += reply["cpu_s"]
     return self.returncode
 
   def kill(self):
-    try:
-      os.killpg(self.pid, signal.SIGKILL)
-    except ProcessLookupError:
-      pass
+    """The run's whole process group (the run itself, if it has not yet made its own)."""
+    for kill, target in ((os.killpg, self.pid), (os.kill, self.pid)):
+      try:
+        kill(target, signal.SIGKILL)
+        return
+      except ProcessLookupError:
+        pass
 
   def communicate(self, timeout=None):
     """(stdout, stderr) as text, stderr None when merged; kills the run on a timeout."""

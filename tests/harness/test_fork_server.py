@@ -1,0 +1,52 @@
+"""The fork server (tests/fork_server.py) that starts the tests' command-line runs: a forked run
+sees what `python SCRIPT` would (argv, sys.path[0], __name__, cwd, environment, stdin, exit
+status, stdout apart from stderr), starts no framework runtime before its own code does, and a
+timeout kills it."""
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests import fork_server
+from tests.conftest import clean_env
+
+_PROBE = r"""
+import json, os, sys
+from jax._src import xla_bridge
+print(json.dumps({"argv": sys.argv, "path0": sys.path[0], "name": __name__, "cwd": os.getcwd(),
+                  "env": dict(os.environ), "stdin": sys.stdin.read(),
+                  "jax_backends": len(xla_bridge._backends)}))
+print("to stderr", file=sys.stderr)
+sys.exit(7)
+"""
+
+
+def test_a_forked_run_sees_what_a_fresh_process_does(tmp_path):
+  script = tmp_path / "probe.py"
+  script.write_text(_PROBE)
+  env = clean_env()             # the server the command-line runs use: no start-up cost here
+  args = [str(script), "--flag", "a b"]
+  fresh = subprocess.run([sys.executable, *args], cwd=tmp_path, env=env, capture_output=True,
+                         text=True, stdin=subprocess.DEVNULL)
+  forked = fork_server.run(args, tmp_path, env)
+  assert forked.returncode == fresh.returncode == 7
+  assert forked.stderr == fresh.stderr == "to stderr\n"
+  seen = json.loads(forked.stdout)
+  assert seen == json.loads(fresh.stdout)
+  assert seen["argv"] == args and seen["path0"] == str(tmp_path) and seen["name"] == "__main__"
+  assert seen["env"] == env and seen["stdin"] == "" and seen["jax_backends"] == 0
+
+
+def test_a_timeout_kills_the_forked_run(tmp_path):
+  script = tmp_path / "sleeper.py"
+  script.write_text("import time\nprint('started', flush=True)\ntime.sleep(600)\n")
+  proc = fork_server.start([str(script)], tmp_path, clean_env(), merge_stderr=True)
+  with pytest.raises(subprocess.TimeoutExpired):
+    proc.communicate(timeout=2)
+  assert proc.wait(timeout=30) == -9
+  time.sleep(0.1)
+  with pytest.raises(ProcessLookupError):
+    os.kill(proc.pid, 0)
