@@ -46,6 +46,8 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
       prefix="harness-tests-jax-cache-")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 from tests import fork_server  # noqa: E402  pylint: disable=wrong-import-position
+# The fork servers' folder, made by the controller too: its workers share the servers.
+OWN_FORK_SERVERS = fork_server.claim_session()
 
 
 def pytest_configure(config):
@@ -72,7 +74,8 @@ def clean_env(few_steps=False):
 
 def run_cli(*args, cwd=None, timeout=600, few_steps=False):
   """Runs `python run_benchmark.py ARGS` in a new process, as a user would, forked from a server
-  that has imported the third-party libraries (tests/fork_server.py: ~8 s of CPU less per run).
+  that has imported the third-party libraries (tests/fork_server.py: ~8 s of CPU less per run;
+  one server per environment for the whole session).
   few_steps: with the few-step switches, for a run that stops after a few steps (its compile
   is most of its cost: EfficientNet's 16-step large-batch run 64 -> 31 s of CPU); a run to the
   target keeps the user's defaults."""
@@ -273,8 +276,10 @@ def pytest_terminal_summary(terminalreporter):
 # every test had passed. The exit status is pytest's own.
 def pytest_sessionfinish(session, exitstatus):
   session.config.harness_exitstatus = int(exitstatus)
-  if OWN_JAX_CACHE and not hasattr(session.config, "workerinput"):     # the controller's
-    shutil.rmtree(OWN_JAX_CACHE, ignore_errors=True)
+  if not hasattr(session.config, "workerinput"):            # the controller's: end the servers
+    for own in (OWN_JAX_CACHE, OWN_FORK_SERVERS):
+      if own:
+        shutil.rmtree(own, ignore_errors=True)
 
 
 @pytest.hookimpl(trylast=True)

@@ -13,15 +13,20 @@ threads and flags itself, as a fresh process does.
 Environment read at import time cannot change after the preload: JAX reads its config
 variables (JAX_DISABLE_MOST_OPTIMIZATIONS) then. So a server serves one environment, the one
 it was started with, and `start` below keeps one per environment asked for (pytest's own
-PYTEST_* variables aside).
+PYTEST_* variables aside), shared by every process of the test session (pytest-xdist's
+workers; see `claim_session`).
 
-  python tests/fork_server.py SOCKET     (ends at stdin's EOF)
+  python tests/fork_server.py SOCKET OWNER_PID
+      (ends when SOCKET's folder is removed or process OWNER_PID is gone)
 
 It prints "ready CPU_S" (its CPU so far) once it listens. Per connection: one JSON line {argv,
 cwd, env, stdout, stderr} in; {"pid": N} and then {"returncode": R, "cpu_s": S} out (R as
 subprocess gives it: -signal when killed).
 """
+import atexit
+import fcntl
 import gc
+import hashlib
 import importlib
 import json
 import os
@@ -40,7 +45,7 @@ PRELOAD = ("numpy", "pandas", "yaml", "matplotlib", "tensorflow", "keras", "tens
            "pycocotools.cocoeval", "mlperf_logging.mllog", "mlperf_logging.compliance_checker")
 
 
-def serve(path):
+def serve(path, owner_pid):
   """Preloads, then forks per request; returns (in the forked child only) that request."""
   for name in PRELOAD:
     importlib.import_module(name)
@@ -54,12 +59,12 @@ def serve(path):
   signal.signal(signal.SIGCHLD, signal.SIG_IGN)      # the kernel reaps the reporters below
   usage = resource.getrusage(resource.RUSAGE_SELF)
   print(f"ready {usage.ru_utime + usage.ru_stime}", flush=True)
+  os.dup2(os.open(os.devnull, os.O_WRONLY), 1)    # the process that started it may end first
   while True:
-    ready, _, _ = select.select([listener, sys.stdin], [], [])
-    if sys.stdin in ready and not os.read(sys.stdin.fileno(), 1024):
-      shutil.rmtree(os.path.dirname(path), ignore_errors=True)   # the test process has gone
+    ready, _, _ = select.select([listener], [], [], 1.0)
+    if not os.path.exists(path) or not _alive(owner_pid):     # the test session has ended
       os._exit(0)
-    if listener not in ready:
+    if not ready:
       continue
     conn, _ = listener.accept()
     with conn.makefile("r") as lines:
@@ -75,6 +80,16 @@ def serve(path):
         return request
       _report(conn, pid)
     conn.close()
+
+
+def _alive(pid):
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  except PermissionError:
+    pass
+  return True
 
 
 def _report(conn, pid):
@@ -111,7 +126,11 @@ def become(request):
 
 # ----------------------------------------------------------------------------- the tests' end
 
-_SERVERS = {}                    # one per environment, started on first use, per test process
+# The servers of one test session live in one folder, a socket per environment, started by the
+# first process that needs that environment and used by all (pytest-xdist's three workers each
+# started both of its own before: ~8 s of CPU each). The folder and the pid that owns it are
+# passed down in the environment, so xdist's workers, which inherit the controller's, find them.
+SESSION_DIR_VAR, OWNER_PID_VAR = "HARNESS_FORK_SERVERS", "HARNESS_FORK_SERVERS_OWNER"
 _CHILDREN_CPU_S = [0.0]          # CPU of the forked runs waited for (not in RUSAGE_CHILDREN)
 
 
@@ -119,42 +138,83 @@ def children_cpu_seconds():
   return _CHILDREN_CPU_S[0]
 
 
+def claim_session():
+  """Makes this process the owner of the session's servers, unless an ancestor already is:
+  returns the folder to remove at the session's end (its servers then leave within a second),
+  or None. A server also leaves when its owner is gone, however that ended."""
+  if SESSION_DIR_VAR in os.environ:
+    return None
+  os.environ[SESSION_DIR_VAR] = tempfile.mkdtemp(prefix="harness-fork-servers-")
+  os.environ[OWNER_PID_VAR] = str(os.getpid())
+  return os.environ[SESSION_DIR_VAR]
+
+
 def start(argv, cwd, env, merge_stderr=False):
   """`python ARGV` (ARGV[0] a script) in CWD with exactly ENV, forked from the server for ENV:
   a Popen-like ForkedProcess (stdout and stderr captured as text; merged if asked)."""
-  # pytest's own variables (PYTEST_CURRENT_TEST changes with every test) are read by nobody at
-  # import time: the child gets them, the server's key leaves them out
-  key = tuple(sorted((k, v) for k, v in env.items() if not k.startswith("PYTEST_")))
-  server = _SERVERS.get(key)
-  if server is None or server.poll() is not None:
-    server = _SERVERS[key] = _start_server(env)
-  return ForkedProcess(server, list(argv), cwd, env, merge_stderr)
+  if SESSION_DIR_VAR not in os.environ:       # not under tests/conftest.py: this process owns
+    atexit.register(shutil.rmtree, claim_session(), True)
+  return ForkedProcess(list(argv), cwd, env, merge_stderr)
 
 
-def _start_server(env):
-  workdir = tempfile.mkdtemp(prefix="harness-fork-server-")
-  proc = subprocess.Popen([sys.executable, os.path.abspath(__file__),
-                           os.path.join(workdir, "socket")],
-                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, cwd=workdir)
-  ready = proc.stdout.readline().split()
-  if ready[:1] != [b"ready"]:
-    raise RuntimeError(f"the fork server did not start (exit status {proc.wait()})")
-  _CHILDREN_CPU_S[0] += float(ready[1])     # its imports: the cost of the test that needed it
-  proc.workdir = workdir
-  return proc
+def _socket_path(env):
+  # pytest's own variables (PYTEST_CURRENT_TEST changes with every test, PYTEST_XDIST_WORKER
+  # with the worker) are read by nobody at import time: the child gets them, the key leaves
+  # them out
+  key = sorted((k, v) for k, v in env.items() if not k.startswith("PYTEST_"))
+  name = hashlib.sha256(json.dumps(key).encode()).hexdigest()[:16]
+  return os.path.join(os.environ[SESSION_DIR_VAR], f"{name}.socket")
+
+
+def _connect(path):
+  conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+  try:
+    conn.connect(path)
+    return conn
+  except (FileNotFoundError, ConnectionRefusedError):
+    conn.close()
+    return None
+
+
+def _connect_or_start(env):
+  """A connection to the session's server for ENV, which this process starts if none listens
+  (one process at a time: the others wait on the lock, then use it)."""
+  path = _socket_path(env)
+  conn = _connect(path)
+  if conn is not None:
+    return conn
+  with open(path + ".lock", "a") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    conn = _connect(path)
+    if conn is not None:
+      return conn
+    if os.path.exists(path):                  # a server that has gone: not a listener
+      os.remove(path)
+    proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), path,
+                             os.environ[OWNER_PID_VAR]],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, env=env,
+                            cwd=os.path.dirname(path), start_new_session=True)
+    ready = proc.stdout.readline().split()
+    proc.stdout.close()
+    if ready[:1] != [b"ready"]:
+      raise RuntimeError(f"the fork server did not start (exit status {proc.wait()})")
+    _CHILDREN_CPU_S[0] += float(ready[1])     # its imports: the cost of the test that needed it
+    conn = _connect(path)
+  if conn is None:
+    raise RuntimeError(f"the fork server at {path} took no connection")
+  return conn
 
 
 class ForkedProcess:
   """The parts of subprocess.Popen the tests use: pid, returncode, wait, communicate, kill."""
 
-  def __init__(self, server, argv, cwd, env, merge_stderr):
+  def __init__(self, argv, cwd, env, merge_stderr):
     self.args = argv
-    handle, self._stdout_path = tempfile.mkstemp(dir=server.workdir, suffix=".out")
+    handle, self._stdout_path = tempfile.mkstemp(dir=os.environ[SESSION_DIR_VAR], suffix=".out")
     os.close(handle)
     self._stderr_path = self._stdout_path if merge_stderr else self._stdout_path[:-4] + ".err"
     self._merged = merge_stderr
-    self._conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    self._conn.connect(os.path.join(server.workdir, "socket"))
+    self._conn = _connect_or_start(env)
     request = {"argv": argv, "cwd": str(cwd), "env": env, "stdout": self._stdout_path,
                "stderr": self._stderr_path}
     self._conn.sendall((json.dumps(request) + "\n").encode())
@@ -216,4 +276,4 @@ def run(argv, cwd, env, timeout=None):
 
 
 if __name__ == "__main__":
-  become(serve(sys.argv[1]))
+  become(serve(sys.argv[1], int(sys.argv[2])))

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from tests import fork_server
-from tests.conftest import clean_env
+from tests.conftest import ROOT, clean_env
 
 _PROBE = r"""
 import json, os, sys
@@ -50,3 +50,27 @@ def test_a_timeout_kills_the_forked_run(tmp_path):
   time.sleep(0.1)
   with pytest.raises(ProcessLookupError):
     os.kill(proc.pid, 0)
+
+
+_SERVER_PID = r"""
+import os
+with open(f"/proc/{os.getppid()}/stat") as f:     # the run's parent reports to the server
+  print(f.read().rsplit(")", 1)[1].split()[1])
+"""
+
+
+def test_every_process_of_the_session_uses_one_server_per_environment(tmp_path):
+  """A run asked for by this test process and one asked for by another process of the session
+  (as pytest-xdist's workers are: the session's folder in their environment) come from the same
+  server; another environment has its own."""
+  script = tmp_path / "server_pid.py"
+  script.write_text(_SERVER_PID)
+  env = clean_env()
+  here = fork_server.run([str(script)], tmp_path, env)
+  asks = (f"from tests import fork_server; import os; print(fork_server.run([{str(script)!r}], "
+          f"{str(tmp_path)!r}, dict(os.environ)).stdout, end='')")
+  other_process = subprocess.run([sys.executable, "-c", asks], cwd=ROOT, env=env,
+                                 capture_output=True, text=True, check=True)
+  other_env = fork_server.run([str(script)], tmp_path, clean_env(few_steps=True))
+  assert here.returncode == other_env.returncode == 0, here.stderr + other_env.stderr
+  assert int(here.stdout) == int(other_process.stdout) != int(other_env.stdout)
