@@ -12,12 +12,13 @@ threads and flags itself, as a fresh process does.
 
 Environment read at import time cannot change after the preload: JAX reads its config
 variables (JAX_DISABLE_MOST_OPTIMIZATIONS) then. So a server serves one environment, the one
-it was started with, and `start` below keeps one per environment asked for (pytest's own
-PYTEST_* variables aside), shared by every process of the test session (pytest-xdist's
-workers; see `claim_session`).
+it was started with: `start` below asks the one for its environment (pytest's own PYTEST_*
+variables aside), shared by every process of the test session (pytest-xdist's workers; see
+`claim_session`), and starts it if none listens.
 
   python tests/fork_server.py SOCKET OWNER_PID
-      (ends when SOCKET's folder is removed or process OWNER_PID is gone)
+      (ends when SOCKET is removed, with its folder at the session's end, or when process
+      OWNER_PID is gone: then it removes the folder itself)
 
 It prints "ready CPU_S" (its CPU so far) once it listens. Per connection: one JSON line {argv,
 cwd, env, stdout, stderr} in; {"pid": N} and then {"returncode": R, "cpu_s": S} out (R as
@@ -58,17 +59,27 @@ def serve(path, owner_pid):
   listener.listen(16)
   signal.signal(signal.SIGCHLD, signal.SIG_IGN)      # the kernel reaps the reporters below
   usage = resource.getrusage(resource.RUSAGE_SELF)
-  print(f"ready {usage.ru_utime + usage.ru_stime}", flush=True)
+  try:
+    print(f"ready {usage.ru_utime + usage.ru_stime}", flush=True)
+  except BrokenPipeError:              # its starter has gone: the checks below end it if need be
+    pass
   os.dup2(os.open(os.devnull, os.O_WRONLY), 1)    # the process that started it may end first
   while True:
     ready, _, _ = select.select([listener], [], [], 1.0)
-    if not os.path.exists(path) or not _alive(owner_pid):     # the test session has ended
-      os._exit(0)
-    if not ready:
+    if not ready:                      # no request for a second: has the session ended?
+      if not os.path.exists(path):
+        os._exit(0)
+      if not _alive(owner_pid):        # its owner ended without removing the folder (killed)
+        shutil.rmtree(os.path.dirname(path), ignore_errors=True)
+        os._exit(0)
       continue
     conn, _ = listener.accept()
-    with conn.makefile("r") as lines:
-      request = json.loads(lines.readline())
+    try:
+      with conn.makefile("r") as lines:
+        request = json.loads(lines.readline())
+    except ValueError:                 # not a request (its sender died): serve the others on
+      conn.close()
+      continue
     sys.stdout.flush()
     sys.stderr.flush()
     if os.fork() == 0:
@@ -132,6 +143,7 @@ def become(request):
 # passed down in the environment, so xdist's workers, which inherit the controller's, find them.
 SESSION_DIR_VAR, OWNER_PID_VAR = "HARNESS_FORK_SERVERS", "HARNESS_FORK_SERVERS_OWNER"
 _CHILDREN_CPU_S = [0.0]          # CPU of the forked runs waited for (not in RUSAGE_CHILDREN)
+_STARTED = []                    # the servers this process started (Popen objects kept alive)
 
 
 def children_cpu_seconds():
@@ -142,7 +154,8 @@ def claim_session():
   """Makes this process the owner of the session's servers, unless an ancestor already is:
   returns the folder to remove at the session's end (its servers then leave within a second),
   or None. A server also leaves when its owner is gone, however that ended."""
-  if SESSION_DIR_VAR in os.environ:
+  inherited, owner = os.environ.get(SESSION_DIR_VAR), os.environ.get(OWNER_PID_VAR, "")
+  if inherited and os.path.isdir(inherited) and owner.isdigit() and _alive(int(owner)):
     return None
   os.environ[SESSION_DIR_VAR] = tempfile.mkdtemp(prefix="harness-fork-servers-")
   os.environ[OWNER_PID_VAR] = str(os.getpid())
@@ -190,18 +203,25 @@ def _connect_or_start(env):
       return conn
     if os.path.exists(path):                  # a server that has gone: not a listener
       os.remove(path)
-    proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), path,
-                             os.environ[OWNER_PID_VAR]],
-                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, env=env,
-                            cwd=os.path.dirname(path), start_new_session=True)
-    ready = proc.stdout.readline().split()
+    with open(path + ".log", "ab") as log:    # its own errors, apart from any test's output
+      proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), path,
+                               os.environ[OWNER_PID_VAR]],
+                              stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log,
+                              env=env, cwd=os.path.dirname(path), start_new_session=True)
+    _STARTED.append(proc)
+    try:
+      ready = proc.stdout.readline().split()
+    except BaseException:                     # this process is being stopped: so is its server
+      proc.kill()
+      raise
     proc.stdout.close()
-    if ready[:1] != [b"ready"]:
-      raise RuntimeError(f"the fork server did not start (exit status {proc.wait()})")
-    _CHILDREN_CPU_S[0] += float(ready[1])     # its imports: the cost of the test that needed it
-    conn = _connect(path)
+    if ready[:1] == [b"ready"]:
+      _CHILDREN_CPU_S[0] += float(ready[1])   # its imports: the cost of the test that needed it
+    conn = _connect(path)       # (if it did not start, another process's may have meanwhile)
   if conn is None:
-    raise RuntimeError(f"the fork server at {path} took no connection")
+    with open(path + ".log", errors="replace") as log:
+      raise RuntimeError(f"the fork server did not start (exit status {proc.wait()}): "
+                         + log.read()[-2000:])
   return conn
 
 

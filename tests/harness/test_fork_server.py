@@ -69,8 +69,11 @@ def test_every_process_of_the_session_uses_one_server_per_environment(tmp_path):
   here = fork_server.run([str(script)], tmp_path, env)
   asks = (f"from tests import fork_server; import os; print(fork_server.run([{str(script)!r}], "
           f"{str(tmp_path)!r}, dict(os.environ)).stdout, end='')")
-  other_process = subprocess.run([sys.executable, "-c", asks], cwd=ROOT, env=env,
-                                 capture_output=True, text=True, check=True)
+  # another worker's own pytest variables: not part of the server's environment
+  worker_env = dict(env, PYTEST_XDIST_WORKER="gw9", PYTEST_CURRENT_TEST="other.py::test (call)")
+  other_process = subprocess.run([sys.executable, "-c", asks], cwd=ROOT, env=worker_env,
+                                 capture_output=True, text=True)
   other_env = fork_server.run([str(script)], tmp_path, clean_env(few_steps=True))
+  assert other_process.returncode == 0, other_process.stderr[-3000:]
   assert here.returncode == other_env.returncode == 0, here.stderr + other_env.stderr
   assert int(here.stdout) == int(other_process.stdout) != int(other_env.stdout)
