@@ -167,31 +167,31 @@ def assert_same_saved_run(multi_path, one_path, count):
     np.testing.assert_allclose(multi[key], one[key], rtol=1e-5, atol=1e-6, err_msg=key)
 
 
-# The files that take a minute or more, most CPU first (per-file sums of the per-test CPU
-# report of a full run on 2 cores, 2026-11-24). pytest-xdist hands whole files to its two
+# The files that take ~25 s of CPU or more, most first (per-file sums of the per-test CPU
+# report of a fresh-clone run on 2 cores, 2026-11-25). pytest-xdist hands whole files to its
 # workers in this order (pytest.ini turns off its own reordering, which puts the files with the
 # most tests first: the end-to-end files, two to eleven tests each, started last and the last of
-# them ran alone while the other worker idled). Files not listed follow, in collection order.
+# them ran alone while the other workers idled). Files not listed follow, in collection order.
 LONG_FILES = (
-    "tests/resnet/test_resnet_end_to_end.py",
     "tests/ssd/test_ssd_end_to_end.py",
+    "tests/resnet/test_resnet_end_to_end.py",
     "tests/efficientnet/test_efficientnet_end_to_end.py",
-    "tests/bert/test_bert_end_to_end.py",
     "tests/parallel/test_tf_distributed.py",
     "tests/transformer/test_transformer_end_to_end.py",
+    "tests/bert/test_bert_end_to_end.py",
     "tests/efficientnet/test_efficientnet_distributed.py",
     "tests/ssd/test_ssd_distributed.py",
-    "tests/parallel/test_jax_distributed.py",
     "tests/test_contract.py",
+    "tests/parallel/test_jax_distributed.py",
     "tests/harness/test_summarize.py",
-    "tests/efficientnet/test_efficientnet_model.py",
     "tests/bert/test_bert_parity.py",
     "tests/bert/test_bert_distributed.py",
     "tests/efficientnet/test_efficientnet_parity.py",
-    "tests/transformer/test_transformer_parity.py",
-    "tests/resnet/test_resnet_parity.py",
     "tests/transformer/test_transformer_distributed.py",
-    "tests/resnet/test_resnet_model.py",
+    "tests/efficientnet/test_efficientnet_model.py",
+    "tests/resnet/test_resnet_parity.py",
+    "tests/transformer/test_transformer_parity.py",
+    "tests/ssd/test_ssd_data.py",
 )
 
 
