@@ -165,8 +165,11 @@ def claim_session():
 def start(argv, cwd, env, merge_stderr=False):
   """`python ARGV` (ARGV[0] a script) in CWD with exactly ENV, forked from the server for ENV:
   a Popen-like ForkedProcess (stdout and stderr captured as text; merged if asked)."""
-  if SESSION_DIR_VAR not in os.environ:       # not under tests/conftest.py: this process owns
-    atexit.register(shutil.rmtree, claim_session(), True)
+  # Under tests/conftest.py its controller owns a live session and this claims nothing; else
+  # (no session, or one inherited from an owner that is gone) this process owns a new one.
+  own = claim_session()
+  if own:
+    atexit.register(shutil.rmtree, own, True)
   return ForkedProcess(list(argv), cwd, env, merge_stderr)
 
 

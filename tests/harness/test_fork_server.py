@@ -77,3 +77,26 @@ def test_every_process_of_the_session_uses_one_server_per_environment(tmp_path):
   assert other_process.returncode == 0, other_process.stderr[-3000:]
   assert here.returncode == other_env.returncode == 0, here.stderr + other_env.stderr
   assert int(here.stdout) == int(other_process.stdout) != int(other_env.stdout)
+
+
+def test_start_claims_a_new_session_when_the_inherited_one_is_gone(tmp_path, monkeypatch):
+  """A caller outside the suite's controller that inherits a removed session folder (its owner
+  gone) owns a new folder instead of failing to make its socket there; under a live owner
+  (this session's controller) start claims nothing."""
+  started = []
+  monkeypatch.setattr(fork_server, "ForkedProcess", lambda *args: started.append(args))
+  registered = []
+  monkeypatch.setattr(fork_server.atexit, "register", lambda *args: registered.append(args))
+  live = os.environ[fork_server.SESSION_DIR_VAR]
+  fork_server.start(["x.py"], str(tmp_path), {})
+  assert os.environ[fork_server.SESSION_DIR_VAR] == live and not registered
+  dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                        capture_output=True, text=True, check=True).stdout.strip()
+  monkeypatch.setenv(fork_server.SESSION_DIR_VAR, str(tmp_path / "removed"))
+  monkeypatch.setenv(fork_server.OWNER_PID_VAR, dead)
+  fork_server.start(["x.py"], str(tmp_path), {})
+  claimed = os.environ[fork_server.SESSION_DIR_VAR]
+  assert claimed != str(tmp_path / "removed") and os.path.isdir(claimed)
+  assert os.environ[fork_server.OWNER_PID_VAR] == str(os.getpid())
+  assert registered == [(fork_server.shutil.rmtree, claimed, True)] and len(started) == 2
+  os.rmdir(claimed)
