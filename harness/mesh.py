@@ -40,9 +40,16 @@ LOGICAL_AXIS_RULES = (
 LOGICAL_AXES = tuple(name for name, _ in LOGICAL_AXIS_RULES)
 
 # The mesh axes each framework runtime executes today (workloads/parallel/*_runtime.py check
-# that they agree). Model, stage and expert parallelism arrive with the Mesh-TF / GPipe / MoE
-# issue; until then a mesh that uses them is a one-line error before any framework loads.
-RUNTIME_AXES = {"jax": ("data", "spatial"), "tf": ("data", "spatial")}
+# that they agree). Stage and expert parallelism arrive with the GPipe / MoE issues, the TF
+# model axis with its Megatron-style layers; until then a mesh that uses them is a one-line
+# error before any framework loads.
+RUNTIME_AXES = {"jax": ("data", "model", "spatial"), "tf": ("data", "spatial")}
+
+# Device order on the mesh, major to minor: device (or TF replica) r has coordinates
+# r = (((data * stage + s) * expert + e) * model + m) * spatial + j. Spatial slabs of one image
+# are neighbours, then the model shards of one replica (Mesh-TF and MaxText put the
+# most-communicating axis innermost, on the fastest links); data is outermost.
+MESH_ORDER = ("data", "stage", "expert", "model", "spatial")
 
 
 @dataclasses.dataclass
@@ -120,6 +127,13 @@ class MeshShape:
   @property
   def devices(self) -> int:
     return math.prod(self.size(a) for a in AXES)
+
+  def coordinates(self, index: int) -> dict[str, int]:
+    """{axis: coordinate} of device (TF: replica) `index` in MESH_ORDER."""
+    coords = {}
+    for axis in reversed(MESH_ORDER):
+      index, coords[axis] = divmod(index, self.size(axis))
+    return coords
 
   @property
   def description(self) -> str:
@@ -214,31 +228,55 @@ def check_fits(parallel: ParallelConfig, *, framework: str, workload: str,
                      f"--num-processes {parallel.num_processes}")
   for logical, size in (dims or {}).items():
     axis = dict(LOGICAL_AXIS_RULES)[logical]
+    if axis == "model" and logical != "heads":
+      continue                 # d_ff and vocab stay whole on a model axis that does not divide
     if axis and axes[axis] > 1 and size % axes[axis]:
-      flag = "--spatial-partitions" if axis == "spatial" else f"--mesh {axis}="
-      raise UsageError(f"{flag} {axes[axis]} does not divide the {logical} size {size}; "
+      flag = "--spatial-partitions " if axis == "spatial" else f"--mesh {axis}="
+      raise UsageError(f"{flag}{axes[axis]} does not divide the {logical} size {size}; "
                        f"allowed: a divisor of {size}")
   if axes["spatial"] > 1 and parallel.bn_group_size and parallel.bn_group_size != data:
     raise UsageError("--bn-group-size with --spatial-partitions > 1: grouped batch norm runs "
                      "only without spatial partitioning; allowed: --bn-group-size 0 (all)")
 
 
-def logical_to_mesh(logical_axes, mesh: MeshShape | None = None, rules=LOGICAL_AXIS_RULES):
+def logical_to_mesh(logical_axes, mesh: MeshShape | None = None, rules=LOGICAL_AXIS_RULES,
+                    shape=None):
   """Logical names of a tensor's dimensions -> the mesh axis splitting each (None: whole).
-  With `mesh`, axes of size 1 map to None. Unknown logical names are an error (a typo in a
-  table would silently replicate)."""
+  With `mesh`, axes of size 1 map to None; with `shape` too, a dimension its axis does not
+  divide stays whole (BERT's 30,522-entry vocab on model=4: MaxText does the same). Unknown
+  logical names are an error (a typo in a table would silently replicate)."""
   table = dict(rules)
   used, out = set(), []
-  for name in logical_axes:
+  for i, name in enumerate(logical_axes):
     if name is not None and name not in table:
       raise ValueError(f"unknown logical axis {name!r}; known: {', '.join(table)}")
     axis = table.get(name) if name is not None else None
     if axis is not None and (axis in used or (mesh is not None and mesh.size(axis) == 1)):
       axis = None
+    if axis is not None and shape is not None and mesh is not None and shape[i] % mesh.size(axis):
+      axis = None
     if axis is not None:
       used.add(axis)
     out.append(axis)
   return tuple(out)
+
+
+def update_layout(shape, layout, mesh: MeshShape, weight_update_sharding: bool) -> tuple:
+  """Mesh axes of a parameter's optimizer state and update, from the parameter's own `layout`
+  (logical_to_mesh's output). With weight-update sharding the largest dimension that is not
+  already split and that the data axis divides is split over `data` too (a kernel split on
+  `model` by columns is split on `data` by rows); with none, the state keeps the layout."""
+  layout = list(layout)
+  if weight_update_sharding and mesh.data > 1:
+    dims = [i for i, n in enumerate(shape) if layout[i] is None and n % mesh.data == 0]
+    if dims:
+      layout[max(dims, key=lambda i: shape[i])] = "data"
+  return tuple(layout)
+
+
+def shard_shape(shape, layout, mesh: MeshShape) -> tuple:
+  """The shape one device holds of an array of `shape` laid out as `layout`."""
+  return tuple(n // (mesh.size(axis) if axis else 1) for n, axis in zip(shape, layout))
 
 
 def param_axes(table, path: str, ndim: int) -> tuple:

@@ -20,6 +20,7 @@ class RunContext:
   synthetic_steps: int = 0
   process_index: int = 0
   process_count: int = 1
+  describing: bool = False       # `describe`: a JAX layout larger than the machine is shapes only
 
 
 class Trainer(Protocol):

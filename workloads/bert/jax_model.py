@@ -4,7 +4,9 @@ google-research/bert modeling.py as bundled with the MLPerf reference).
 Post-LayerNorm transformer encoder (LayerNorm epsilon 1e-12), exact (erf) GELU, every weight
 initialised from a truncated normal with stddev 0.02 and every bias at zero. The MLM head is
 dense + GELU + LayerNorm, then a projection tied to the word embedding plus an output bias;
-the NSP head reads the pooler (dense + tanh on the [CLS] position). Module names follow the
+the NSP head reads the pooler (dense + tanh on the [CLS] position). Under a model axis the
+activations are laid out as Megatron's (jax_runtime.constrain): q, k, v on heads, the
+feed-forward hidden on mlp, MLM logits on vocab, the layer outputs whole. Module names follow the
 reference checkpoint's variable names (see checkpoint.py), so loading is a table lookup.
 At the reference size the model has 336,226,108 parameters (formula in
 tests/test_bert_parity.py).
@@ -15,6 +17,8 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+
+from workloads.parallel.jax_runtime import constrain
 
 LAYER_NORM_EPSILON = 1e-12
 MASK_ADDER = -10000.0          # the reference adds (1 - mask) * -10000 to attention scores
@@ -49,7 +53,8 @@ class TransformerLayer(nn.Module):
     drop = functools.partial(nn.Dropout, rate=self.dropout, deterministic=deterministic)
     batch, seq, _ = x.shape
     head_dim = self.hidden_size // self.num_heads
-    split = lambda t: t.reshape(batch, seq, self.num_heads, head_dim)
+    split = lambda t: constrain(t.reshape(batch, seq, self.num_heads, head_dim),
+                                ("batch", "length", "heads", "kv"))
     q = split(dense(self.hidden_size, name="query")(x))
     k = split(dense(self.hidden_size, name="key")(x))
     v = split(dense(self.hidden_size, name="value")(x))
@@ -57,10 +62,12 @@ class TransformerLayer(nn.Module):
     scores = scores.astype(accumulation_dtype(self.dtype)) + attention_adder[:, None, None, :]
     probs = drop()(jax.nn.softmax(scores, axis=-1)).astype(self.dtype)
     context = jnp.einsum("bhqk,bkhd->bqhd", probs, v).reshape(batch, seq, self.hidden_size)
-    attended = drop()(dense(self.hidden_size, name="attention_output")(context))
+    embed = ("batch", "length", "embed")
+    attended = drop()(constrain(dense(self.hidden_size, name="attention_output")(context), embed))
     x = norm(name="attention_LayerNorm")(attended + x)
-    hidden = gelu(dense(self.intermediate_size, name="intermediate")(x))
-    out = drop()(dense(self.hidden_size, name="output")(hidden))
+    hidden = constrain(gelu(dense(self.intermediate_size, name="intermediate")(x)),
+                       ("batch", "length", "mlp"))
+    out = drop()(constrain(dense(self.hidden_size, name="output")(hidden), embed))
     return norm(name="output_LayerNorm")(out + x)
 
 
@@ -103,7 +110,8 @@ class BertPretraining(nn.Module):
     picked = jnp.take_along_axis(x, masked_lm_positions[..., None], axis=1)
     picked = norm(name="mlm_LayerNorm")(gelu(dense(self.hidden_size, name="mlm_transform")(picked)))
     output_bias = self.param("mlm_output_bias", nn.initializers.zeros, (self.vocab_size,))
-    mlm_logits = word_embeddings.attend(picked.astype(self.dtype)) + output_bias
+    mlm_logits = constrain(word_embeddings.attend(picked.astype(self.dtype)) + output_bias,
+                           ("batch", None, "vocab"))
     return mlm_logits.astype(acc), nsp_logits.astype(acc)
 
 

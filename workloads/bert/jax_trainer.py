@@ -35,7 +35,7 @@ def train_step(state, batch, *, runtime):
   loss, grads = loss_and_grads(state, state.params, batch)
   grads = runtime.constrain_update(grads)            # weight-update sharding: shard the update
   state = state.apply_gradients(grads=grads)
-  return state.replace(params=runtime.replicate(state.params)), loss
+  return state.replace(params=runtime.restore_param_layout(state.params)), loss
 
 
 def eval_step(state, batch):

@@ -245,7 +245,9 @@ SPEC = WorkloadSpec(
     trainer_modules={"jax": "workloads.bert.jax_trainer", "tf": "workloads.bert.tf_trainer"},
     mllog_hyperparameters=mllog_hyperparameters,
     derive=derive,
-    split_dims=lambda cfg: {"length": cfg.data.max_seq_length},
+    mesh_axes=("data", "model"),
+    split_dims=lambda cfg: {"length": cfg.data.max_seq_length, "heads": cfg.model.num_heads,
+                            "mlp": cfg.model.intermediate_size, "vocab": cfg.model.vocab_size},
     param_axes=PARAM_AXES,
     data_dir_contents=("a folder with the MLPerf BERT TFRecords (part-*, eval_10k) and "
                        "tf1_ckpt/model.ckpt-28252"),

@@ -68,7 +68,7 @@ def train_step(state, batch, *, runtime, num_classes, label_smoothing, ema_decay
                                         key, **kw)
   grads = runtime.constrain_update(grads)            # weight-update sharding: shard the update
   state = state.apply_gradients(grads=grads, batch_stats=stats)
-  params = runtime.replicate(state.params)
+  params = runtime.restore_param_layout(state.params)
   state = state.replace(
       params=params, ema_params=ema_update(state.ema_params, params, ema_decay, state.step),
       ema_batch_stats=ema_update(state.ema_batch_stats, stats, ema_decay, state.step))

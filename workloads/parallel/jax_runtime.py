@@ -1,27 +1,50 @@
 """The JAX distributed runtime: one jax.sharding.Mesh for any workload (DESIGN §4).
 
-The named axes of harness/mesh.py become physical mesh axes ('replica', 'bn', 'spatial'): the
-data axis is split into groups of `bn_group_size` ('bn') so batch-norm statistics can be pooled
-over a sub-axis (PLATFORM_NOTES: axis_index_groups does not work under shard_map). Arrays are
-laid out from their logical axis names through harness.mesh's rule table: a batch's 'batch'
-dimension over DATA = ('replica', 'bn'), an image's 'height' over 'spatial' (XLA inserts the
-halo exchange); parameters per the workload's param_axes table (replicated while the runtime
-runs no model axis).
-Weight-update sharding puts the optimizer state, and the update computed from it, on shards of
-DATA; the new weights are all-gathered back to every replica (ZeRO-1).
+Every named axis of harness/mesh.py is an axis of the mesh, in its MESH_ORDER, with the data
+axis split into groups of `bn_group_size` ('replica' x 'bn') so batch-norm statistics can be
+pooled over a sub-axis (PLATFORM_NOTES: axis_index_groups does not work under shard_map):
+('replica', 'bn', 'stage', 'expert', 'model', 'spatial'), unused axes of size 1. Arrays are laid
+out from their logical axis names through harness.mesh's one rule table: a batch's 'batch'
+dimension over DATA, an image's 'height' over 'spatial' (XLA inserts the halo exchange), a
+kernel's 'heads' / 'mlp' / 'vocab' over 'model' (Mesh-TF; GSPMD inserts the all-reduces of
+the attention and feed-forward outputs). A dimension its axis does not divide stays whole.
+
+The runtime owns the layouts: `state_shardings` places each parameter by the workload's
+PARAM_AXES, the optimizer state like its parameter, and a train step ends with
+`restore_param_layout`, which returns every updated parameter to its own layout. Weight-update
+sharding composes with that (harness.mesh.update_layout): the optimizer state and the update
+of a tensor are split over DATA along a dimension the parameter does not already split; the new
+weights are all-gathered over DATA only (ZeRO-1). Norms over a sharded tensor (LAMB/LARS trust
+ratios) are whole-tensor norms: GSPMD sums the shards' squares.
+
+Activations carry logical names too: a model calls `constrain(x, ('batch', 'length', 'embed'))`
+at its layer boundaries, which, while a step is traced under `runtime.tracing()` on a mesh with
+a model axis, is a with_sharding_constraint to that layout (and otherwise nothing).
+
+For `describe` of a layout larger than the machine (the v0.7 Transformer's data=2048,model=4)
+the runtime builds an AbstractMesh: shardings, shard shapes and bytes per device come from
+shapes; nothing is placed or compiled.
 """
 import collections
+import contextlib
+import contextvars
 import math
 import re
 
 import jax
-from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+import numpy as np
+from jax.sharding import AbstractMesh, AxisType, NamedSharding, PartitionSpec as P
 
 from harness import mesh as mesh_lib
 
 DATA = ("replica", "bn")
-PHYSICAL = {"data": DATA, "spatial": "spatial"}      # named mesh axis -> this mesh's axes
+PHYSICAL = {"data": DATA, "stage": "stage", "expert": "expert", "model": "model",
+            "spatial": "spatial"}                   # named mesh axis -> this mesh's axes
+MESH_AXES = tuple(a for axis in mesh_lib.MESH_ORDER
+                  for a in (PHYSICAL[axis] if isinstance(PHYSICAL[axis], tuple) else (PHYSICAL[axis],)))
+SUPPORTED_AXES = ("data", "model", "spatial")       # as harness.mesh.RUNTIME_AXES['jax'] declares
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "collective-permute", "all-to-all")
+_TRACING = contextvars.ContextVar("jax_runtime_tracing", default=None)
 
 
 def initialize_multihost(parallel):
@@ -35,71 +58,157 @@ def initialize_multihost(parallel):
 
 
 class MeshRuntime:
-  def __init__(self, parallel, global_batch_size=0):
+  def __init__(self, parallel, global_batch_size=0, describing=False):
+    """`describing`: a mesh of more devices than this machine has (every axis given in --mesh)
+    becomes an AbstractMesh, enough for shardings and bytes per device."""
     initialize_multihost(parallel)
     devices = jax.devices()
-    self.shape = shape = mesh_lib.mesh_shape(parallel, len(devices), global_batch_size)
-    unsupported = [a for a in mesh_lib.AXES if shape.size(a) > 1 and a not in PHYSICAL]
+    axes = parallel.axes()
+    wanted = math.prod(axes.values()) if axes["data"] else 0
+    self.abstract = describing and wanted > len(devices)
+    self.shape = shape = mesh_lib.mesh_shape(parallel, wanted if self.abstract else len(devices),
+                                             global_batch_size)
+    unsupported = [a for a in mesh_lib.AXES if shape.size(a) > 1 and a not in SUPPORTED_AXES]
     if unsupported:
       raise ValueError(f"--mesh axis {unsupported[0]}: the jax runtime does not run it yet; "
-                       f"allowed axes: {', '.join(PHYSICAL)}")
-    data, spatial, group = shape.data, shape.spatial, shape.bn_group_size
+                       f"allowed axes: {', '.join(SUPPORTED_AXES)}")
+    data, group = shape.data, shape.bn_group_size
     self.parallel = parallel
-    self.data, self.spatial, self.bn_group_size = data, spatial, group
+    self.data, self.model, self.spatial, self.bn_group_size = data, shape.model, shape.spatial, group
     self.grouped_bn = group < data
     self.weight_update_sharding = parallel.weight_update_sharding
-    self.num_devices = data * spatial
-    self.mesh = jax.make_mesh((data // group, group, spatial), ("replica", "bn", "spatial"),
-                              axis_types=(AxisType.Auto,) * 3, devices=devices[:data * spatial])
+    self.num_devices = shape.devices
+    sizes = tuple(data // group if a == "replica" else group if a == "bn" else shape.size(a)
+                  for a in MESH_AXES)
+    auto = (AxisType.Auto,) * len(MESH_AXES)
+    if self.abstract:
+      self.mesh = AbstractMesh(sizes, MESH_AXES, axis_types=auto)
+    else:
+      self.mesh = jax.make_mesh(sizes, MESH_AXES, axis_types=auto,
+                                devices=devices[:shape.devices])
     self.replicated = NamedSharding(self.mesh, P())
     self.process_index, self.process_count = jax.process_index(), jax.process_count()
+    self.param_layouts = {}      # parameter path -> its mesh axes (state_shardings fills it)
 
   @property
   def description(self):
     return self.shape.description
 
-  def sharding(self, logical_axes):
-    """The NamedSharding of an array whose dimensions have these logical names."""
-    axes = mesh_lib.logical_to_mesh(logical_axes, self.shape)
-    return NamedSharding(self.mesh, P(*(PHYSICAL[a] if a else None for a in axes)))
+  def _named(self, layout):
+    return NamedSharding(self.mesh, P(*(PHYSICAL[a] if a else None for a in layout)))
+
+  def sharding(self, logical_axes, shape=None):
+    """The NamedSharding of an array whose dimensions have these logical names (with `shape`,
+    a dimension its axis does not divide stays whole)."""
+    return self._named(mesh_lib.logical_to_mesh(logical_axes, self.shape, shape=shape))
 
   def shard_batch(self, host_batch, logical_axes):
     """This host's slice of the global batch -> global arrays on the mesh."""
     return {k: jax.make_array_from_process_local_data(self.sharding(logical_axes[k]), v)
             for k, v in host_batch.items()}
 
-  def update_sharding(self, shape):
-    """Weight-update sharding of one array: its largest dimension divisible by the data
-    replicas is split over DATA; arrays with none stay replicated."""
-    if not self.weight_update_sharding:
-      return self.replicated
-    dims = [i for i, n in enumerate(shape) if n % self.data == 0]
-    if self.data == 1 or not dims:
-      return self.replicated
-    dim = max(dims, key=lambda i: shape[i])
-    spec = [None] * len(shape)
-    spec[dim] = DATA
-    return NamedSharding(self.mesh, P(*spec))
+  # ------------------------------------------------------------------ parameter layouts
+  def param_layout(self, path, shape):
+    """A parameter's mesh axes (state_shardings recorded them); unknown paths: whole."""
+    layout = self.param_layouts.get(path)
+    fits = layout is not None and len(layout) == len(shape) and all(
+        a is None or n % self.shape.size(a) == 0 for n, a in zip(shape, layout))
+    return layout if fits else (None,) * len(shape)
+
+  def update_sharding(self, shape, path=None):
+    """The layout of the optimizer state and update of the parameter at `path` (or of an array
+    of this shape that is no parameter): its own layout, split over DATA on a further dimension
+    under weight-update sharding (harness.mesh.update_layout)."""
+    return self._named(mesh_lib.update_layout(shape, self.param_layout(path, shape), self.shape,
+                                              self.weight_update_sharding))
 
   def state_shardings(self, state_shapes, param_axes=()):
-    """Params per the workload's param_axes table, other state (batch stats, step, keys)
-    replicated, the optimizer state per `update_sharding`."""
-    shardings = jax.tree.map(lambda _: self.replicated, state_shapes)
-    params = shardings.params
+    """Params per the workload's param_axes table, the optimizer state like its parameter (the
+    leaf whose path ends with the parameter's, e.g. '0/mu/<param path>') per `update_sharding`,
+    other state (batch stats, step, keys) replicated."""
+    self.param_layouts = {}
     if param_axes:
-      params = jax.tree_util.tree_map_with_path(
-          lambda path, s: self.sharding(mesh_lib.param_axes(param_axes, path_name(path),
-                                                            len(s.shape))),
-          state_shapes.params)
-    return shardings.replace(params=params, opt_state=jax.tree.map(
-        lambda s: self.update_sharding(s.shape), state_shapes.opt_state))
+      for path, leaf in jax.tree_util.tree_leaves_with_path(state_shapes.params):
+        name = path_name(path)
+        self.param_layouts[name] = mesh_lib.logical_to_mesh(
+            mesh_lib.param_axes(param_axes, name, len(leaf.shape)), self.shape, shape=leaf.shape)
+    shardings = jax.tree.map(lambda _: self.replicated, state_shapes)
+    params = jax.tree_util.tree_map_with_path(
+        lambda path, s: self._named(self.param_layout(path_name(path), s.shape)),
+        state_shapes.params)
+    opt_state = jax.tree_util.tree_map_with_path(
+        lambda path, s: self.update_sharding(s.shape, self._param_path_of(path_name(path))),
+        state_shapes.opt_state)
+    return shardings.replace(params=params, opt_state=opt_state)
+
+  def _param_path_of(self, state_path):
+    """The parameter an optimizer-state leaf belongs to: the longest parameter path its own
+    path ends with."""
+    parts = state_path.split("/")
+    for i in range(len(parts)):
+      if "/".join(parts[i:]) in self.param_layouts:
+        return "/".join(parts[i:])
+    return None
 
   def constrain_update(self, tree):
-    """Inside a step: lay gradients out like the optimizer state (a reduce-scatter)."""
+    """Inside a step: lay gradients out like the optimizer state (under weight-update sharding
+    a reduce-scatter over DATA; a gradient split on `model` stays split there)."""
     if not self.weight_update_sharding:
       return tree
-    return jax.tree.map(lambda x: jax.lax.with_sharding_constraint(
-        x, self.update_sharding(x.shape)), tree)
+    return jax.tree_util.tree_map_with_path(lambda path, x: jax.lax.with_sharding_constraint(
+        x, self.update_sharding(x.shape, path_name(path))), tree)
+
+  def restore_param_layout(self, params):
+    """Inside a step: every updated parameter back in its own layout (under weight-update
+    sharding an all-gather over DATA; a parameter split on `model` stays split)."""
+    return jax.tree_util.tree_map_with_path(lambda path, x: jax.lax.with_sharding_constraint(
+        x, self._named(self.param_layout(path_name(path), x.shape))), params)
+
+  replicate = restore_param_layout        # the name before parameters had layouts of their own
+
+  def layout_summary(self, param_axes):
+    """{'split': {path: layout}, 'whole': {path: logical dims the mesh would split but does
+    not divide}} for `describe`: which parameters the mesh's non-data axes split."""
+    split, whole = {}, {}
+    for path, layout in self.param_layouts.items():
+      if any(a not in (None, "data") for a in layout):
+        split[path] = layout
+      logical = mesh_lib.param_axes(param_axes, path, len(layout))
+      wanted = mesh_lib.logical_to_mesh(logical, self.shape)
+      missed = [name for name, want, got in zip(logical, wanted, layout) if want and not got]
+      if missed:
+        whole[path] = missed
+    return {"split": split, "whole": whole}
+
+  def collectives_by_axis(self, hlo_text):
+    """{(kind, axes): [ops, tensors, bytes]} over a compiled program's collectives: `axes`
+    names the mesh axes its replica groups span ('model', 'data', 'data+model', or 'none'),
+    `tensors` counts operands (XLA's combiner merges several into one op), bytes are the
+    results' (per device, per step)."""
+    sizes = [self.mesh.shape[a] for a in MESH_AXES]
+    out = collections.defaultdict(lambda: [0, 0, 0])
+    for kind, result, groups in _collective_ops(hlo_text):
+      spans = set()
+      for group in groups:
+        coords = np.array(np.unravel_index(np.asarray(group), sizes)).T
+        spans |= {MESH_AXES[i] for i in range(len(sizes)) if len(set(coords[:, i])) > 1}
+      named = [axis for axis, phys in PHYSICAL.items()
+               if spans & set(phys if isinstance(phys, tuple) else (phys,))]
+      entry = out[(kind, "+".join(named) or "none")]
+      entry[0] += 1
+      entry[1] += max(1, len(re.findall(r"[a-z]+\d*\[[\d,]*\]", result)))
+      entry[2] += _bytes_of(result)
+    return dict(out)
+
+  # ------------------------------------------------------------------ activations
+  @contextlib.contextmanager
+  def tracing(self):
+    """While a step is traced: `constrain` resolves logical names on this mesh."""
+    token = _TRACING.set(self)
+    try:
+      yield self
+    finally:
+      _TRACING.reset(token)
 
   def grouped_bn_step(self, local_fn):
     """Grouped batch norm for any conv net (ResNet, SSD, EfficientNet): local_fn(params,
@@ -113,11 +222,16 @@ class MeshRuntime:
     return jax.shard_map(local, mesh=self.mesh, in_specs=(P(), P(), P(DATA)),
                          out_specs=(P(), P(), P()), check_vma=False)
 
-  def replicate(self, tree):
-    """Inside a step: all-gather updated weights back to every replica."""
-    if not self.weight_update_sharding:
-      return tree
-    return jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, self.replicated), tree)
+
+def constrain(x, logical_axes):
+  """An activation laid out by its logical names on the mesh of the step being traced, when
+  that mesh has a model axis (Mesh-TF's layer-boundary layouts). Without one, GSPMD's own
+  propagation from the batch already gives the data-parallel layout, and the constraint would
+  only add ops: then, and outside `MeshRuntime.tracing`, x is returned as it is."""
+  runtime = _TRACING.get()
+  if runtime is None or runtime.model == 1:
+    return x
+  return jax.lax.with_sharding_constraint(x, runtime.sharding(logical_axes, x.shape))
 
 
 def path_name(path) -> str:
@@ -133,6 +247,54 @@ def per_device_bytes(tree) -> int:
       return math.prod(leaf.sharding.shard_shape(leaf.shape)) * leaf.dtype.itemsize
     return leaf.addressable_shards[0].data.nbytes
   return int(sum(shard_bytes(leaf) for leaf in jax.tree.leaves(tree)))
+
+
+_DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s16": 2, "u16": 2, "f32": 4,
+                "s32": 4, "u32": 4, "f64": 8, "s64": 8, "u64": 8, "c64": 8, "c128": 16}
+_OP = re.compile(r"= (.*?) (" + "|".join(COLLECTIVES) + r")(?:-start)?\((.*)$", re.M)
+
+
+def _bytes_of(shapes: str) -> int:
+  """Bytes of an HLO result type: 'f32[2,64]{1,0}' or a tuple of them."""
+  return sum(_DTYPE_BYTES.get(dtype, 4) * math.prod(int(d) for d in dims.split(",") if d)
+             for dtype, dims in re.findall(r"([a-z]+\d*)\[([\d,]*)\]", shapes))
+
+
+def _replica_groups(attributes: str):
+  """An HLO op's replica groups as lists of device ids, from any of XLA's spellings: listed
+  '{{0,1},{2,3}}'; iota '[2,4]<=[4,2]T(1,0)' (ids 0..n-1 reshaped, transposed, then grouped);
+  mesh "mesh['axis_0'=2,'axis_1'=2] {'axis_1'}" (ids over that mesh, a group per value of
+  the unnamed axes); or a permute's source_target_pairs."""
+  listed = re.search(r"replica_groups=\{((?:\{[\d,]*\},?)*)\}", attributes)
+  if listed:
+    return [[int(i) for i in g.split(",") if i]
+            for g in re.findall(r"\{([\d,]*)\}", listed.group(1))]
+  iota = re.search(r"replica_groups=\[([\d,]+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?",
+                   attributes)
+  if iota:
+    groups_shape = [int(d) for d in iota.group(1).split(",")]
+    ids = np.arange(math.prod(groups_shape)).reshape([int(d) for d in iota.group(2).split(",")])
+    if iota.group(3):
+      ids = ids.transpose([int(d) for d in iota.group(3).split(",")])
+    return ids.reshape(groups_shape[0], -1).tolist()
+  on_mesh = re.search(r"replica_groups=mesh\[([^\]]*)\] \{([^}]*)\}", attributes)
+  if on_mesh:
+    axes = re.findall(r"'([^']+)'=(\d+)", on_mesh.group(1))
+    names, sizes = [a for a, _ in axes], [int(n) for _, n in axes]
+    inside = [names.index(a) for a in re.findall(r"'([^']+)'", on_mesh.group(2))]
+    outside = [i for i in range(len(names)) if i not in inside]
+    ids = np.arange(math.prod(sizes)).reshape(sizes).transpose(outside + inside)
+    return ids.reshape(-1, math.prod(sizes[i] for i in inside)).tolist()
+  pairs = re.search(r"source_target_pairs=\{((?:\{\d+,\d+\},?)*)\}", attributes)
+  if pairs:
+    return [[int(a), int(b)] for a, b in re.findall(r"\{(\d+),(\d+)\}", pairs.group(1))]
+  return []
+
+
+def _collective_ops(hlo_text):
+  """(kind, result type, replica groups) of every collective op (async pairs once)."""
+  for match in _OP.finditer(hlo_text):
+    yield match.group(2), match.group(1), _replica_groups(match.group(3))
 
 
 def count_collectives(hlo_text: str) -> dict:

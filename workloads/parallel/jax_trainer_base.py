@@ -71,8 +71,8 @@ class MeshTrainer:
   # ------------------------------------------------------------------ shared
   def __init__(self, cfg, ctx):
     self.cfg, self.ctx = cfg, ctx
-    self.runtime = runtime = jax_runtime.MeshRuntime(cfg.parallel,
-                                                         cfg.train.global_batch_size)
+    self.runtime = runtime = jax_runtime.MeshRuntime(cfg.parallel, cfg.train.global_batch_size,
+                                                     describing=ctx.describing)
     spec = self.spec_module.SPEC
     mesh.check_workload_axes(runtime.shape, spec.name, spec.mesh_axes)
     self.num_devices = runtime.num_devices
@@ -128,17 +128,22 @@ class MeshTrainer:
     never run: compiled at backend optimisation level 0, which leaves the HLO and its cost
     analysis as they are and skips LLVM's work (ResNet-50 reference describe at 128 px: 28 ->
     22 s, the same FLOPs)."""
+    if self.runtime.abstract:           # a layout larger than this machine: shapes only
+      return
     options = LEVEL_0 if self.describing else None
-    self._train_step = jax.jit(train_step, donate_argnums=0, out_shardings=(
-        state_shardings, self.runtime.replicated)).lower(
-            self.state, self.batch_shapes(self.cfg.train.global_batch_size)).compile(
-                compiler_options=options)
+    with self.runtime.tracing():        # activations' logical names resolve on this mesh
+      lowered = jax.jit(train_step, donate_argnums=0, out_shardings=(
+          state_shardings, self.runtime.replicated)).lower(
+              self.state, self.batch_shapes(self.cfg.train.global_batch_size))
+    self._train_step = lowered.compile(compiler_options=options)
     # describe reads the train step's program only; a synthetic run has no eval split
     # (evaluate() refuses it), so its eval step would be compiled and never run
     if self.describing or self.cfg.data.source == "synthetic":
       return
-    self._eval_step = jax.jit(self.eval_step).lower(
-        self.state, self.batch_shapes(self.eval_batch_size(), with_mask=True)).compile()
+    with self.runtime.tracing():
+      lowered = jax.jit(self.eval_step).lower(
+          self.state, self.batch_shapes(self.eval_batch_size(), with_mask=True))
+    self._eval_step = lowered.compile()
 
   def _device_batches(self, dataset, axes):
     """Puts host batches on the mesh two steps ahead, so the copy overlaps compute."""
@@ -208,18 +213,32 @@ class MeshTrainer:
     return int(sum(math.prod(x.shape) for x in jax.tree.leaves(params)))
 
   def describe(self):
-    """The compiled step's cost analysis and HLO. Before init: the train step compiled on the
-    state's shapes (no state initialised, no eval step compiled: the ResNet-50 describe went
-    from ~65 s to ~30 s); the trainer is then for describing only."""
-    if not hasattr(self, "_train_step"):
+    """The compiled step's cost analysis, HLO and memory analysis, and the layout: bytes per
+    device of the parameters and optimizer state (read from the state's shards, or from shapes
+    on an abstract mesh), which parameters the model axis splits and which stay whole. Before
+    init: the train step compiled on the state's shapes (no state initialised, no eval step
+    compiled: the ResNet-50 describe went from ~65 s to ~30 s); the trainer is then for
+    describing only. On a mesh larger than the machine nothing is compiled: no FLOPs,
+    activation bytes or collectives."""
+    rt = self.runtime
+    if not hasattr(self, "_train_step") and not (rt.abstract and hasattr(self, "state")):
       self.describing = True
       self.init()
     params = sum(math.prod(x.shape) for x in jax.tree.leaves(self.state.params))
+    info = {"parameters": params,
+            "parameter_bytes_per_device": jax_runtime.per_device_bytes(self.state.params),
+            "optimizer_state_bytes_per_device": jax_runtime.per_device_bytes(self.state.opt_state),
+            "layout": rt.layout_summary(self.spec_module.PARAM_AXES)}
+    if rt.abstract:
+      return info
     cost = self._train_step.cost_analysis()
     cost = cost[0] if isinstance(cost, (list, tuple)) else cost
     # XLA's cost analysis of a partitioned program is one device's share: x devices for the step
     flops = float(cost.get("flops", float("nan"))) if cost else float("nan")
-    return {"parameters": params,
+    hlo = self._train_step.as_text()
+    memory = self._train_step.memory_analysis()
+    return {**info,
             "train_flops_per_example": flops * self.num_devices / self.cfg.train.global_batch_size,
-            "optimizer_state_bytes_per_device": jax_runtime.per_device_bytes(self.state.opt_state),
-            "collectives_in_train_step": jax_runtime.count_collectives(self._train_step.as_text())}
+            "activation_bytes_per_device": int(memory.temp_size_in_bytes) if memory else None,
+            "collectives_in_train_step": jax_runtime.count_collectives(hlo),
+            "collectives_by_axis": rt.collectives_by_axis(hlo)}

@@ -48,7 +48,7 @@ def train_step(state, batch, *, runtime, num_classes, label_smoothing):
                                         batch, **kw)
   grads = runtime.constrain_update(grads)            # weight-update sharding: shard the update
   state = state.apply_gradients(grads=grads, batch_stats=stats)
-  return state.replace(params=runtime.replicate(state.params)), loss
+  return state.replace(params=runtime.restore_param_layout(state.params)), loss
 
 
 def eval_step(state, batch):

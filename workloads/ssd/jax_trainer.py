@@ -71,7 +71,7 @@ def train_step(state, batch, *, runtime):
     loss, grads, stats = loss_and_grads(state.apply_fn, state.params, state.batch_stats, batch)
   grads = runtime.constrain_update(grads)            # weight-update sharding: shard the update
   state = state.apply_gradients(grads=grads, batch_stats=stats)
-  return state.replace(params=runtime.replicate(state.params)), loss
+  return state.replace(params=runtime.restore_param_layout(state.params)), loss
 
 
 def candidates(locs, logits, dboxes, k):

@@ -16,7 +16,10 @@ Decoding (`encode`, `init_cache`, `decode_step`) keeps every decoder layer's sel
 keys and values in a fixed-size cache written at the step's position, and the encoder-decoder
 keys and values computed once; beam search (jax_beam_search.py) tiles and reorders it.
 Parameter paths are listed with their logical axes in spec.PARAM_AXES; tf_model.py uses the
-same names.
+same names. Activations are laid out by logical names at the layer boundaries of Mesh-TF's
+layout (jax_runtime.constrain; nothing without a model axis): queries, keys, values and the KV
+cache split on heads, the feed-forward hidden on mlp, logits on vocab, and the attention and
+feed-forward outputs whole on embed, where GSPMD puts the all-reduce over `model`.
 """
 import functools
 from typing import Any
@@ -26,9 +29,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from workloads.parallel.jax_runtime import constrain
 from workloads.transformer import formulas
 
 PAD_ID, EOS_ID = 0, 1
+HEADS = ("batch", "length", "heads", "kv")        # logical names of q, k, v and the KV cache
+EMBED = ("batch", "length", "embed")
 
 
 def accumulation_dtype(dtype):
@@ -82,15 +88,15 @@ class Attention(nn.Module):
     self.weights_dropout = nn.Dropout(self.dropout)
 
   def keys_values(self, y):
-    return self.key(y), self.value(y)
+    return constrain(self.key(y), HEADS), constrain(self.value(y), HEADS)
 
   def attend(self, x, k, v, bias, train):
     """x [B, Lq, H] against k, v [B, Lk, heads, kv]; bias broadcasts to [B, heads, Lq, Lk]."""
-    q = self.query(x) * (self.hidden_size // self.num_heads) ** -0.5
+    q = constrain(self.query(x), HEADS) * (self.hidden_size // self.num_heads) ** -0.5
     logits = jnp.einsum("bqnh,bknh->bnqk", q, k).astype(accumulation_dtype(self.dtype)) + bias
     weights = jax.nn.softmax(logits, axis=-1).astype(self.dtype)
     weights = self.weights_dropout(weights, deterministic=not train)
-    return self.output(jnp.einsum("bnqk,bknh->bqnh", weights, v))
+    return constrain(self.output(jnp.einsum("bnqk,bknh->bqnh", weights, v)), EMBED)
 
   def __call__(self, x, y, bias, train):
     k, v = self.keys_values(y)
@@ -110,7 +116,8 @@ class FeedForward(nn.Module):
     self.relu_dropout = nn.Dropout(self.dropout)
 
   def __call__(self, x, train):
-    return self.output(self.relu_dropout(nn.relu(self.filter(x)), deterministic=not train))
+    hidden = constrain(nn.relu(self.filter(x)), ("batch", "length", "mlp"))
+    return constrain(self.output(self.relu_dropout(hidden, deterministic=not train)), EMBED)
 
 
 def _norm(dtype):
@@ -222,7 +229,8 @@ class Decoder(nn.Module):
     cache = {}
     for i, layer in enumerate(self.layers()):
       k, v = layer.encdec_keys_values(encoded)
-      cache[f"layer_{i}"] = {"k": jnp.zeros(shape, k.dtype), "v": jnp.zeros(shape, v.dtype),
+      cache[f"layer_{i}"] = {"k": constrain(jnp.zeros(shape, k.dtype), HEADS),
+                             "v": constrain(jnp.zeros(shape, v.dtype), HEADS),
                              "encdec_k": k, "encdec_v": v}
     return cache
 
@@ -248,7 +256,7 @@ class Transformer(nn.Module):
 
   def _lookup(self, ids):
     """Scaled embedding lookups, zero at padding."""
-    x = self.embedding_shared(ids).astype(self.dtype)
+    x = constrain(self.embedding_shared(ids).astype(self.dtype), EMBED)
     return x * (ids != PAD_ID)[..., None].astype(self.dtype) * self.cfg.hidden_size ** 0.5
 
   def _embed(self, ids, train, positions=None):
@@ -272,8 +280,8 @@ class Transformer(nn.Module):
     return self.encoder(x, bias, train), bias
 
   def logits(self, x):
-    return self.embedding_shared.attend(x.astype(self.dtype)).astype(
-        accumulation_dtype(self.dtype))
+    return constrain(self.embedding_shared.attend(x.astype(self.dtype)).astype(
+        accumulation_dtype(self.dtype)), ("batch", "length", "vocab"))
 
   def __call__(self, inputs, targets, train=False, packed=None):
     """`packed`: the segmentation and position features of packed rows, or None."""

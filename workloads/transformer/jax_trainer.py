@@ -39,7 +39,7 @@ def train_step(state, batch, *, label_smoothing, runtime):
       state.params, state.apply_fn, batch, label_smoothing, rng)
   grads = runtime.constrain_update(grads)            # weight-update sharding: shard the update
   state = state.apply_gradients(grads=grads)
-  return state.replace(params=runtime.replicate(state.params)), loss
+  return state.replace(params=runtime.restore_param_layout(state.params)), loss
 
 
 def translate(model, params, inputs, model_cfg):

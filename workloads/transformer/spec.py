@@ -269,7 +269,9 @@ SPEC = WorkloadSpec(
                      "tf": "workloads.transformer.tf_trainer"},
     mllog_hyperparameters=mllog_hyperparameters,
     derive=derive,
-    split_dims=lambda cfg: {"length": cfg.data.max_length},
+    mesh_axes=("data", "model"),
+    split_dims=lambda cfg: {"length": cfg.data.max_length, "heads": cfg.model.num_heads,
+                            "mlp": cfg.model.filter_size, "vocab": cfg.model.vocab_size},
     param_axes=PARAM_AXES,
     data_dir_contents=("the reference's data_download.py output: wmt32k-train-*, "
                        "vocab.ende.32768, newstest2014.en, newstest2014.de (or, with "
