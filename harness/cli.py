@@ -268,13 +268,17 @@ def cmd_describe(args):
   from harness.workload import RunContext
   gbs = cfg.train.global_batch_size
   # FLOPs per example do not depend on the batch: compile a small batch to keep this quick.
+  # A layout on a model axis keeps the preset's batch: its activation bytes per device are
+  # what it shows (and a mesh larger than the machine is described from shapes, uncompiled).
   small = copy.deepcopy(cfg)
-  small.train.global_batch_size = args.cpu_devices or min(gbs, 8)   # divisible by 1, 2, 4, 8
-  small.data.eval_batch_size = small.train.global_batch_size
+  axes, batch = cfg.parallel.axes(), args.cpu_devices or min(gbs, 8)   # divisible by 1, 2, 4, 8
+  if axes["model"] == 1 and batch % max(axes["data"], 1) == 0:
+    small.train.global_batch_size = small.data.eval_batch_size = batch
   if hasattr(small.data, "init_checkpoint"):        # describe builds the model, reads no data
     small.data.init_checkpoint = ""
   try:
-    trainer = spec.make_trainer(args.framework, small, RunContext(seed=0, preset=args.preset))
+    trainer = spec.make_trainer(args.framework, small,
+                                RunContext(seed=0, preset=args.preset, describing=True))
   except ValueError as e:
     raise UsageError(str(e)) from None
   info = trainer.describe()               # builds (and compiles, where it must) what it needs
@@ -283,8 +287,10 @@ def cmd_describe(args):
         f"preset {args.preset}")
   print(f"parameters:               {info['parameters']:,}")
   flops = info.get("train_flops_per_example")
-  print("train FLOPs per example:  " + (f"{flops:.4g}" if flops is not None else
-                                        "not profiled across TF replicas (describe on 1 device)"))
+  print("train FLOPs per example:  " + (
+      f"{flops:.4g}" if flops is not None else
+      "not compiled (the mesh has more devices than this machine)" if "layout" in info else
+      "not profiled across TF replicas (describe on 1 device)"))
   print(f"global batch size:        {gbs}")
   print(f"optimizer:                {opt.summary()}")
   print(f"precision:                {cfg.train.precision}")
@@ -300,13 +306,39 @@ def cmd_describe(args):
     print("derived after --set:      " + ", ".join(f"{k}={v:,}" if isinstance(v, int) else
                                                    f"{k}={v}" for k, v in derived.items()))
   print(f"mesh:                     {trainer.mesh_description}")
+  _print_layout(info, small.train.global_batch_size)
+  return 0
+
+
+def _print_layout(info, batch):
+  """describe's per-device bytes, the parameters a model axis splits or leaves whole, and the
+  step's collectives (JAX: from the compiled HLO, by the mesh axes they span)."""
+  if "parameter_bytes_per_device" in info:
+    print(f"parameters / device:      {info['parameter_bytes_per_device']:,} bytes")
   if "optimizer_state_bytes_per_device" in info:
     print(f"optimizer state / device: {info['optimizer_state_bytes_per_device']:,} bytes")
-  if "collectives_in_train_step" in info:
+  if info.get("activation_bytes_per_device") is not None:
+    print(f"activations / device:     {info['activation_bytes_per_device']:,} bytes (the compiled "
+          f"step's temporaries at global batch {batch})")
+  layout = info.get("layout") or {}
+  if layout.get("split"):
+    split = layout["split"]
+    print(f"split on non-data axes:   {len(split)} tensors, e.g. " + ", ".join(
+        f"{path} {tuple(a or '-' for a in axes)}" for path, axes in list(split.items())[:2]))
+  if layout.get("whole"):
+    print("whole (axis not dividing): " + ", ".join(
+        f"{path} ({'/'.join(dims)})" for path, dims in layout["whole"].items()))
+  if "collectives_by_axis" in info:
+    found = info["collectives_by_axis"]
+    print("collectives in the step:  " + ("; ".join(
+        f"{kind} over {axes}: {tensors} tensors in {ops} ops, {nbytes:,} bytes"
+        for (kind, axes), (ops, tensors, nbytes) in sorted(found.items())) or "none"))
+  elif "collectives_in_train_step" in info:
     kinds = info["collectives_in_train_step"]
     print("collectives in the step:  " + (", ".join(f"{k} {v}" for k, v in sorted(kinds.items()))
                                          or "none"))
-  return 0
+  elif "layout" in info:
+    print("collectives in the step:  not compiled: the mesh has more devices than this machine")
 
 
 def _rcp_line(benchmark, global_batch_size, preset="reference"):

@@ -36,8 +36,13 @@ def _fits(text, framework="jax", workload="bert", **kw):
 
 
 @pytest.mark.parametrize("text, kw, message", [
-    ("data=2,model=4", {}, "--mesh axis model=4: the jax runtime does not run it yet; "
-                           "allowed axes: data, spatial"),
+    ("data=2,model=4", {"framework": "tf"}, "--mesh axis model=4: the tf runtime does not run "
+                                            "it yet; allowed axes: data, spatial"),
+    # a model axis must split the heads (Mesh-TF's layout); d_ff and vocab may stay whole
+    ("data=1,model=8", {}, "--mesh model=8 does not divide the heads size 4; allowed: a "
+                           "divisor of 4"),
+    ("data=2,model=2", {"workload": "resnet50"}, "resnet50 has no dimension laid out on it; "
+                                                 "allowed axes for resnet50: data, spatial"),
     ("data=4,spatial=2", {}, "bert has no dimension laid out on it; allowed axes for bert: data"),
     ("data=3", {}, "train.global_batch_size=32 is not divisible by the data axis"),
     ("data=16", {"devices": 8}, "needs 16 devices; 8 available"),
@@ -48,6 +53,30 @@ def _fits(text, framework="jax", workload="bert", **kw):
 def test_fit_check_before_any_framework(text, kw, message):
   with pytest.raises(UsageError, match=message.replace("(", r"\(").replace(")", r"\)")):
     _fits(text, **kw)
+
+
+def test_a_model_axis_fits_what_it_divides():
+  _fits("data=2,model=4", devices=8)                # BERT mini: 4 heads, d_ff 128, vocab 64
+  _fits("data=2,model=4", workload="transformer", devices=8)
+
+
+def test_mesh_coordinates_put_spatial_then_model_innermost():
+  shape = mesh.MeshShape(data=2, model=2, spatial=2)
+  assert [shape.coordinates(r)["spatial"] for r in range(8)] == [0, 1] * 4
+  assert [shape.coordinates(r)["model"] for r in range(8)] == [0, 0, 1, 1] * 2
+  assert [shape.coordinates(r)["data"] for r in range(8)] == [0] * 4 + [1] * 4
+
+
+def test_weight_update_sharding_splits_a_model_sharded_tensor_on_another_dimension():
+  shape = mesh.MeshShape(data=2, model=4)
+  layout = mesh.logical_to_mesh(("embed", "mlp"), shape, shape=(64, 128))
+  assert layout == (None, "model")
+  assert mesh.update_layout((64, 128), layout, shape, True) == ("data", "model")
+  assert mesh.update_layout((64, 128), layout, shape, False) == (None, "model")
+  assert mesh.update_layout((3, 128), layout, shape, True) == (None, "model")  # none divides
+  assert mesh.shard_shape((64, 128), ("data", "model"), shape) == (32, 32)
+  # a vocab the model axis does not divide stays whole on it
+  assert mesh.logical_to_mesh(("vocab", "embed"), shape, shape=(30522, 1024)) == (None, None)
 
 
 def test_fit_check_splits_logical_dimensions_by_their_axis():
