@@ -1,0 +1,47 @@
+"""Model-parallel mini runs through the command line, as a user starts them: the Transformer on
+data=2,model=4 (8 simulated devices) and BERT on data=2,model=2 (4) reach their mini targets,
+the row records the layout, and the log passes the official checker."""
+import pandas as pd
+import pytest
+
+pytestmark = pytest.mark.slow
+
+RUNS = [("transformer", "8", "data=2,model=4", 85.0), ("bert", "4", "data=2,model=2", 0.6)]
+
+
+@pytest.mark.parametrize("framework", ["jax"])
+@pytest.mark.parametrize("workload,devices,layout,target", RUNS)
+def test_model_parallel_mini_reaches_target_with_a_checker_clean_log(cli, tmp_path, framework,
+                                                                     workload, devices, layout,
+                                                                     target):
+  results_csv = tmp_path / "results.csv"
+  proc = cli("run", workload, "--framework", framework, "--seed", "0", "--cpu-devices", devices,
+             "--mesh", layout, "--results", str(results_csv), "--log-dir",
+             str(tmp_path / "logs"), "--data-dir", str(tmp_path / "data"))
+  assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+  row = pd.read_csv(results_csv).iloc[0]
+  assert row["status"] == "success" and row["mesh"] == layout
+  assert row["num_devices"] == int(devices)
+  assert row["final_metric"] >= row["target"] == target
+  check = cli("check", row["log_path"])
+  assert check.returncode == 0 and "PASSED" in check.stdout, check.stdout
+
+
+def test_describe_the_v07_transformer_layout_from_shapes(cli):
+  """data=2048,model=4 needs 8,192 devices: describe derives the bytes per device from shapes.
+  Against Transformer-big's formula (H 1024, d_ff 4096, vocab 33,708, 6+6 layers): the
+  embedding, attention and feed-forward kernels (and d_ff biases) split 4 ways; the H-sized
+  biases and LayerNorm scales and biases whole on every device. Float32: 4 bytes each."""
+  proc = cli("describe", "transformer", "--preset", "reference", "--mesh", "data=2048,model=4",
+             "--set", "train.global_batch_size=2048")
+  assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+  lines = dict(line.split(":", 1) for line in proc.stdout.splitlines() if ":" in line)
+  h, f, v, n = 1024, 4096, 33708, 6
+  split = v * h + n * (4 * h * h + 2 * h * f + f) + n * (8 * h * h + 2 * h * f + f)
+  whole = n * (h + 2 * 2 * h) + n * (h + 3 * 2 * h) + 2 * 2 * h
+  assert int(lines["parameters"].strip().replace(",", "")) == split + whole
+  per_device = int(lines["parameters / device"].split()[0].replace(",", ""))
+  assert per_device == 4 * (split // 4 + whole)
+  state = int(lines["optimizer state / device"].split()[0].replace(",", ""))
+  assert state == 2 * per_device + 4                 # Adam's m and v, and its step count
+  assert "not compiled" in lines["collectives in the step"]
