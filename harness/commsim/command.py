@@ -6,6 +6,7 @@
     simulate --topology mesh:16x16 --failure-sweep 1,2,4,8 --heatmap load.png --failed 3,5 9,9
 """
 import json
+import math
 import os
 import re
 
@@ -74,6 +75,11 @@ def add_parser(sub):
                  help="override a workload config value")
   w.add_argument("--grad-dtype", default="float32", choices=sorted(GRAD_DTYPES),
                  help="dtype of the all-reduced gradients (default float32)")
+  w.add_argument("--mesh", metavar="data=D,model=M",
+                 help="with --workload: time one step's collectives on this layout (the "
+                      "gradient all-reduce over data of the bytes per device, the model axis's "
+                      "all-reduces of activations at the preset's batch, counted in the JAX "
+                      "step compiled on M simulated devices); D x M = the machine's chips")
   p.add_argument("--scaling", action="store_true",
                  help="also the table from 8 to 1024 chips (on by default with --workload)")
   p.add_argument("--failure-sweep", type=str, metavar="COUNTS",
@@ -134,8 +140,95 @@ def _workload_bytes(args) -> tuple[float, str]:
                   "of gradients per step")
 
 
+def _layout_step(args, topology, kwargs) -> dict:
+  """One step's collectives on a data x model layout, timed on the machine: the gradient
+  all-reduce over the D data peers of each chip (every M-th chip: on a torus or mesh a
+  (X/M) x Y grid whose hops cross M links; else a ring of D), and the model axis's
+  all-reduces among M neighbouring chips (a ring). What they move comes from the workload's
+  JAX train step compiled at data=1, model=M with the per-replica batch (gbs / D): its
+  all-reduces over `model` (count and bytes) and its parameter bytes per device."""
+  from harness import mesh as mesh_lib
+  from harness import registry
+  from harness.workload import RunContext
+  from harness.cli import _prepare_devices          # pylint: disable=import-outside-toplevel
+  layout = mesh_lib.ParallelConfig(mesh=args.mesh).axes()
+  data, model = layout["data"], layout["model"]
+  others = [a for a in mesh_lib.AXES if a not in ("data", "model") and layout[a] > 1]
+  if not data or others:
+    raise UsageError(f"--mesh {args.mesh!r}: simulate times data=D,model=M layouts; allowed: "
+                     "both sizes given, no other axis")
+  kind, shape = machine_lib.parse_topology(topology)
+  if data * model != math.prod(shape):
+    raise UsageError(f"--mesh {args.mesh} needs {data * model} chips; --topology {topology} "
+                     f"has {math.prod(shape)}; allowed: D x M = the chips")
+  spec = registry.get(args.workload)
+  cfg = spec.configure(args.preset, args.overrides)
+  gbs = cfg.train.global_batch_size
+  if gbs % data:
+    raise UsageError(f"train.global_batch_size={gbs} is not divisible by the data axis "
+                     f"({data}); allowed: --set train.global_batch_size=<a multiple of {data}>")
+  mesh_lib.check_fits(mesh_lib.ParallelConfig(mesh=f"data=1,model={model}"), framework="jax",
+                      workload=spec.name, workload_axes=spec.mesh_axes,
+                      global_batch_size=gbs // data, dims=spec.split_dims(cfg))
+  cfg.parallel.mesh, cfg.train.global_batch_size = f"data=1,model={model}", gbs // data
+  if hasattr(cfg.data, "init_checkpoint"):
+    cfg.data.init_checkpoint = ""
+  _prepare_devices("jax", model)
+  trainer = spec.make_trainer("jax", cfg, RunContext(seed=0, preset=args.preset,
+                                                     describing=True))
+  info = trainer.describe()
+  ops, tensors, activation_bytes = info["collectives_by_axis"].get(("all-reduce", "model"),
+                                                                   (0, 0, 0))
+  grad_bytes = info["parameter_bytes_per_device"] // 4 * GRAD_DTYPES[args.grad_dtype]
+  out = {"layout": f"data={data},model={model}", "per_replica_batch": gbs // data,
+         "gradient_bytes": grad_bytes, "model_all_reduces": ops,
+         "model_all_reduce_tensors": tensors, "model_all_reduce_bytes": activation_bytes}
+  hops = model if kind in ("torus", "mesh") else 1
+  data_kwargs = {**kwargs, "link_latency": kwargs["link_latency"] * hops}
+  if kind in ("torus", "mesh") and shape[0] % model == 0 and data > 1:
+    data_topology = f"{kind}:{shape[0] // model}x{shape[1]}"
+  elif kind == "multinode" and shape[1] % model == 0 and data > 1:
+    data_topology = f"multinode:{shape[0]}x{shape[1] // model}"
+  else:
+    data_topology = f"ring:{data}"
+  for name, topo, nbytes, count, figures in (
+      ("data", data_topology, grad_bytes, 1 if data > 1 else 0, data_kwargs),
+      ("model", f"ring:{model}", activation_bytes / max(ops, 1), ops if model > 1 else 0,
+       kwargs)):
+    if not count:
+      out[name] = {"topology": "-", "algorithm": "-", "time_s": 0.0}
+      continue
+    machine = machine_lib.Machine(topo, **figures)
+    best = min((tables.simulate(machine, "all-reduce", a, nbytes)
+                for a in algorithms.applicable(machine, "all-reduce")),
+               key=lambda r: r["time_s"])
+    out[name] = {"topology": topo, "algorithm": best["algorithm"],
+                 "time_s": best["time_s"] * count}
+  out["step_collectives_s"] = out["data"]["time_s"] + out["model"]["time_s"]
+  return out
+
+
 def run(args) -> int:
   topology, kwargs, preset = machine_args(args)
+  if args.mesh:
+    if not args.workload:
+      raise UsageError("--mesh times a workload's step; allowed: with --workload W")
+    out = _layout_step(args, topology, kwargs)
+    if args.json:
+      print(json.dumps(out, indent=1, default=float))
+      return 0
+    print(f"machine:  {topology} ({args.machine or 'default figures'})")
+    print(f"layout:   {out['layout']}, {out['per_replica_batch']} per replica "
+          f"({args.workload}, {args.preset})")
+    print(f"gradient all-reduce over data: {out['gradient_bytes'] / 1e6:.4g} MB per chip on "
+          f"{out['data']['topology']} ({out['data']['algorithm']}): "
+          f"{out['data']['time_s'] * 1e3:.4g} ms")
+    print(f"all-reduces over model: {out['model_all_reduces']} ops ({out['model_all_reduce_tensors']}"
+          f" tensors), {out['model_all_reduce_bytes'] / 1e6:.4g} MB per chip on "
+          f"{out['model']['topology']} ({out['model']['algorithm']}): "
+          f"{out['model']['time_s'] * 1e3:.4g} ms")
+    print(f"step collectives (not overlapped): {out['step_collectives_s'] * 1e3:.4g} ms")
+    return 0
   failed = [machine_lib.parse_chip(c) for c in args.failed]
   links = [machine_lib.parse_link(l) for l in args.failed_link]
   sweep = _counts(args.failure_sweep) if args.failure_sweep else ()

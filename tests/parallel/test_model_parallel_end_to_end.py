@@ -1,6 +1,8 @@
 """Model-parallel mini runs through the command line, as a user starts them: the Transformer on
 data=2,model=4 (8 simulated devices) and BERT on data=2,model=2 (4) reach their mini targets,
 the row records the layout, and the log passes the official checker."""
+import json
+
 import pandas as pd
 import pytest
 
@@ -45,3 +47,26 @@ def test_describe_the_v07_transformer_layout_from_shapes(cli):
   state = int(lines["optimizer state / device"].split()[0].replace(",", ""))
   assert state == 2 * per_device + 4                 # Adam's m and v, and its step count
   assert "not compiled" in lines["collectives in the step"]
+
+
+def test_simulate_times_a_layouts_step_collectives(cli):
+  """The mini Transformer (hidden 64, d_ff 128, 233 words, 2+2 layers) on data=2,model=4 at 64
+  rows of 24: the model axis all-reduces 16 activations per encoder+decoder layer pair (see
+  test_jax_model_parallel) of 32 x 24 x 64 float32 each; the vocabulary (233) stays whole; the
+  gradient all-reduce moves the parameters' bytes per device (Transformer's formula)."""
+  proc = cli("simulate", "--workload", "transformer", "--preset", "mini", "--mesh",
+             "data=2,model=4", "--topology", "torus:4x2", "--json")
+  assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+  out = json.loads(proc.stdout)
+  assert out["per_replica_batch"] == 32
+  assert out["model_all_reduce_tensors"] == 2 * 16
+  assert out["model_all_reduce_bytes"] == 2 * 16 * 32 * 24 * 64 * 4
+  h, f, v, n = 64, 128, 233, 2
+  split = n * (4 * h * h + 2 * h * f + f) + n * (8 * h * h + 2 * h * f + f)
+  whole = v * h + n * (h + 2 * 2 * h) + n * (h + 3 * 2 * h) + 2 * 2 * h
+  assert out["gradient_bytes"] == 4 * (split // 4 + whole)
+  assert out["data"]["topology"] == "torus:1x2" and out["model"]["topology"] == "ring:4"
+  assert out["step_collectives_s"] == out["data"]["time_s"] + out["model"]["time_s"] > 0
+  bad = cli("simulate", "--workload", "transformer", "--preset", "mini", "--mesh",
+            "data=4,model=4", "--topology", "torus:4x2")
+  assert bad.returncode == 2 and "needs 16 chips; --topology torus:4x2 has 8" in bad.stderr
