@@ -43,7 +43,7 @@ LOGICAL_AXES = tuple(name for name, _ in LOGICAL_AXIS_RULES)
 # that they agree). Stage and expert parallelism arrive with the GPipe / MoE issues, the TF
 # model axis with its Megatron-style layers; until then a mesh that uses them is a one-line
 # error before any framework loads.
-RUNTIME_AXES = {"jax": ("data", "model", "spatial"), "tf": ("data", "spatial")}
+RUNTIME_AXES = {"jax": ("data", "model", "spatial"), "tf": ("data", "model", "spatial")}
 
 # Device order on the mesh, major to minor: device (or TF replica) r has coordinates
 # r = (((data * stage + s) * expert + e) * model + m) * spatial + j. Spatial slabs of one image

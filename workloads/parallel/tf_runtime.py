@@ -29,7 +29,7 @@ import tensorflow as tf
 
 from harness import mesh as mesh_lib
 
-SUPPORTED_AXES = ("data", "spatial")         # as harness.mesh.RUNTIME_AXES['tf'] declares
+SUPPORTED_AXES = ("data", "model", "spatial")  # as harness.mesh.RUNTIME_AXES['tf'] declares
 CPU_DEVICES_ENV = "HARNESS_CPU_DEVICES"      # set by the CLI's --cpu-devices for --framework tf
 SUM = tf.distribute.ReduceOp.SUM
 
@@ -122,10 +122,14 @@ class StrategyRuntime:
       raise ValueError(f"--mesh axis {unsupported[0]}: the tf runtime does not run it yet; "
                        f"allowed axes: {', '.join(SUPPORTED_AXES)}")
     data, spatial, group = shape.data, shape.spatial, shape.bn_group_size
+    self.model = shape.model
+    if self.model > 1 and (spatial > 1 or devices is None):
+      raise ValueError(f"--mesh {shape.description}: the tf runtime runs a model axis on one "
+                       "host without spatial partitioning; allowed: data=D,model=M")
     if devices is None and data * spatial != available:
       raise ValueError(f"--mesh data={data},spatial={spatial}: a multi-worker TF run uses "
                        f"every replica of every worker ({available})")
-    self.num_replicas = data * spatial
+    self.num_replicas = data * self.model * spatial
     if devices is not None:
       self.strategy = (_mirrored_strategy(tuple(devices[:self.num_replicas]))
                        if self.num_replicas > 1 else tf.distribute.get_strategy())
@@ -136,6 +140,12 @@ class StrategyRuntime:
     self.data, self.spatial = data, spatial
     self.bn_group_size = group * spatial            # replicas pooling batch-norm statistics
     self.weight_update_sharding = parallel.weight_update_sharding and self.num_replicas > 1
+    if self.model > 1 and self.weight_update_sharding:
+      raise ValueError("--weight-update-sharding with a model axis: the tf runtime shards the "
+                       "update of data-parallel runs only; allowed: one of them (JAX runs both)")
+    self.sharded_weights = []       # tf_model_parallel.ShardedWeight, made by the model's layers
+    self.gathered = False           # tf_model_parallel.gathered_weights: whole weights, no
+                                    # model-axis collectives (the beam-search eval)
     # tf.distribute collectives issued by the traced step, by kind (those of their
     # gradients, which tf.distribute adds in the backward pass, not counted)
     self.collective_calls = {}
@@ -158,6 +168,31 @@ class StrategyRuntime:
 
   def spatial_index(self):
     return self.replica_id() % self.spatial
+
+  def model_index(self):
+    """This replica's coordinate on the model axis (harness.mesh.MESH_ORDER), a tensor."""
+    return (self.replica_id() // self.spatial) % self.model
+
+  def model_sum(self, x):
+    """Sum over this replica's model peers (the `model` consecutive replicas of its group)."""
+    self._count("all_reduce_over_model")
+    return self.group_sum(x, self.model)
+
+  def model_gather(self, x):
+    """[model, ...]: every model peer's x, in model order."""
+    if self.model == 1:
+      return x[None]
+    return self.model_sum(_as_row(x, self.model_index(), self.model))
+
+  def data_sum(self, x):
+    """Sum over the replicas holding the same model shard as this one (its data peers)."""
+    if self.model == 1:
+      return self.all_sum(x)
+    if self.data == 1:
+      return x
+    self._count("all_reduce_over_data")
+    m = self.model_index()
+    return _row(tf.distribute.get_replica_context().all_reduce(SUM, _as_row(x, m, self.model)), m)
 
   def all_sum(self, x):
     if not self.distributed:
@@ -231,7 +266,8 @@ class StrategyRuntime:
                                       logical_axes))
 
   def _per_replica(self, dataset, per_replica, logical_axes):
-    local, k = self.local_replicas, self.spatial
+    # the model peers of a data shard (and its spatial slabs) read the same examples
+    local, k = self.local_replicas, self.spatial * self.model
     if k == 1:
       return dataset.rebatch(per_replica)
 

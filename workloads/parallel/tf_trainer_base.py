@@ -29,7 +29,7 @@ import tensorflow as tf
 
 from harness import mesh
 from workloads.common.batching import eval_batches_per_host
-from workloads.parallel import tf_runtime
+from workloads.parallel import tf_model_parallel, tf_runtime
 
 
 class StrategyTrainer:
@@ -113,6 +113,7 @@ class StrategyTrainer:
   def build(self):
     """The model and optimizer, without compiling the steps (parity tests use this)."""
     rt = self.runtime
+    rt.sharded_weights = []               # the model's layers make them (tf_model_parallel)
     with self.strategy.scope():
       keras.utils.set_random_seed(self.ctx.seed)
       self.model = self.make_model(rt if rt.distributed else None)
@@ -122,6 +123,9 @@ class StrategyTrainer:
                                                 self.optimizer, schedule)
       else:
         self.optimizer.build(self.model.trainable_variables)
+    self.model_update = (tf_model_parallel.ShardedWeightsUpdate(rt, self.optimizer,
+                                                                self.decayed_shard)
+                         if rt.sharded_weights else None)
     jit = self.cfg.train.jit_compile and not rt.distributed
     self._step = tf.function(self._train_step, jit_compile=jit)
     self._eval_step = tf.function(self.eval_step, jit_compile=jit)
@@ -133,9 +137,35 @@ class StrategyTrainer:
       self.build()
     return int(sum(np.prod(v.shape) for v in self.model.trainable_variables))
 
+  @staticmethod
+  def decayed_shard(name):
+    """Whether weight decay (and LAMB's trust ratio) applies to a sharded weight."""
+    return not any(part in name for part in ("bias", "norm", "LayerNorm"))
+
+  def watch_variables(self, tape):
+    """The variables a replica differentiates: the Keras model's trainable ones, then its
+    shards of the model-parallel weights (ON_READ variables: watched here)."""
+    shards = [w.component() for w in self.runtime.sharded_weights]
+    for shard in shards:
+      tape.watch(shard)
+    return self.model.trainable_variables + shards
+
   def _train_step(self, batch):
+    rt = self.runtime
     loss, grads = self.loss_and_grads(batch)
-    grads = self.runtime.all_sum(grads)        # summed over replicas, before any clipping
+    if self.model_update is not None:
+      # Model peers compute the same loss on the same examples: a whole weight's gradient is
+      # the same on each, so its sum over all replicas is `model` times the data sum; a
+      # shard's gradient is summed over its data peers only.
+      n = len(self.model.trainable_variables)
+      whole = [g / rt.model for g in rt.all_sum(grads[:n])]
+      shards = [rt.data_sum(g) for g in grads[n:]]
+      step = tf.cast(self.optimizer.iterations + 1, tf.int64)
+      lr = self.optimizer.learning_rate               # at this step, before the update
+      self.optimizer.apply(whole, self.model.trainable_variables)
+      self.model_update.apply(shards, step, lr)
+      return loss / rt.model
+    grads = rt.all_sum(grads)                  # summed over replicas, before any clipping
     if self.sharded is not None:
       self.sharded.apply(grads)
     else:
@@ -147,10 +177,10 @@ class StrategyTrainer:
 
   @tf.function
   def _train_loop(self, iterator, num_steps):
-    total = tf.constant(0.0)
+    total = tf.constant(0.0, tf.float64)       # float64: the loss of a float64 model too
     for _ in tf.range(num_steps):
-      total += self._replicated(self._step, next(iterator))
-    return total / tf.cast(num_steps, tf.float32)
+      total += tf.cast(self._replicated(self._step, next(iterator)), tf.float64)
+    return total / tf.cast(num_steps, tf.float64)
 
   @tf.function
   def _eval_loop(self, iterator, num_batches):
@@ -168,8 +198,9 @@ class StrategyTrainer:
     return tf.nest.map_structure(lambda x: self.strategy.gather(x, axis=0), outputs)
 
   def _drop_spatial_duplicates(self, outputs):
-    """Replica r = d * spatial + j: keep j = 0, which holds its data shard's examples."""
-    k = self.runtime.spatial
+    """Replica r = (d * model + m) * spatial + j: keep m = j = 0, one copy of its data shard's
+    examples (its model peers and spatial slabs see the same ones)."""
+    k = self.runtime.spatial * self.runtime.model
     if k == 1:
       return outputs
     def first_slab(x):
@@ -192,7 +223,9 @@ class StrategyTrainer:
     state = self.model.variables + (self.optimizer.variables if self.sharded is None else
                                     list(self.sharded.slots.values()) + [self.sharded.iterations])
     state = [v.value if isinstance(v, keras.Variable) else v for v in state]
-    return [c for v in state for c in self.strategy.experimental_local_results(v)]
+    state += [w.variable for w in self.runtime.sharded_weights]
+    local = [c for v in state for c in self.strategy.experimental_local_results(v)]
+    return local + (self.model_update.state() if self.model_update is not None else [])
 
   def init(self):
     """Builds the model and optimizer, then traces and compiles the multi-step loop and (unless
@@ -253,8 +286,13 @@ class StrategyTrainer:
     or run) step; several need the traced loop, whose collectives it counts."""
     if not hasattr(self, "model"):
       self.init() if self.runtime.distributed else self.build()
-    params = int(sum(np.prod(v.shape) for v in self.model.trainable_variables))
-    out = {"parameters": params}
+    shards = self.runtime.sharded_weights
+    params = int(sum(np.prod(v.shape) for v in self.model.trainable_variables)
+                 + sum(np.prod(w.full_shape) for w in shards))
+    out = {"parameters": params, "parameter_bytes_per_device": int(
+        sum(np.prod(v.shape) * np.dtype(v.dtype).itemsize
+            for v in self.model.trainable_variables)
+        + sum(w.bytes_per_replica() for w in shards))}
     if not self.runtime.distributed:
       gbs = self.cfg.train.global_batch_size
       out["train_flops_per_example"] = graph_flops(self._step, self.batch_spec(gbs)) / gbs

@@ -6,12 +6,19 @@ The layers are small Keras layers written here, with the flax leaf names (kernel
 embedding): Keras' MultiHeadAttention has a different projection layout and Glorot fans, and
 its LayerNormalization names its weights gamma/beta. Decoding (`encode`, `init_cache`,
 `decode_step`) mirrors jax_model.py for tf_beam_search.py.
+
+With a runtime whose mesh has a model axis (tf_model_parallel.py) the model is Megatron's, as
+jax_model.py's layout: q/k/v kernels column-parallel on heads, the attention output
+row-parallel, the feed-forward filter column-parallel and its output row-parallel, the shared
+embedding vocabulary-parallel (lookups and logits); a dimension the axis does not divide stays
+whole. Without one, the layers are the plain ones.
 """
 import numpy as np
 
 import keras
 from keras import layers, ops
 
+from workloads.parallel import tf_model_parallel as mp
 from workloads.transformer import formulas
 
 PAD_ID, EOS_ID = 0, 1
@@ -38,15 +45,51 @@ class Block(layers.Layer):
 
 
 class Projection(layers.Layer):
-  """A bias-free einsum projection whose kernel has the flax DenseGeneral layout."""
+  """A bias-free einsum projection whose kernel has the flax DenseGeneral layout. On a model
+  axis: `split` is the kernel dimension on heads, `parallel` 'column' (input copied to the
+  model peers) or 'row' (partial outputs summed over them)."""
 
-  def __init__(self, kernel_shape, equation, fans, **kwargs):
+  def __init__(self, kernel_shape, equation, fans, runtime=None, split=None, parallel=None,
+               **kwargs):
     super().__init__(**kwargs)
-    self.equation = equation
-    self.kernel = self.add_weight(shape=kernel_shape, initializer=glorot(*fans), name="kernel")
+    self.equation, self.runtime, self.parallel = equation, runtime, parallel
+    self.kernel = mp.sharded_or_whole(self, runtime, "kernel", kernel_shape, split,
+                                      glorot(*fans))
 
   def call(self, x):
-    return ops.einsum(self.equation, x, self.kernel)
+    if not isinstance(self.kernel, mp.ShardedWeight):
+      return ops.einsum(self.equation, x, self.kernel)
+    if not mp.is_sharded(self.kernel):           # whole, gathered for the eval
+      return ops.einsum(self.equation, x, mp.read(self.kernel, x.dtype))
+    if self.parallel == "column":
+      x = mp.copy_to_model(self.runtime, x)
+    y = ops.einsum(self.equation, x, mp.read(self.kernel, x.dtype))
+    return mp.reduce_from_model(self.runtime, y) if self.parallel == "row" else y
+
+
+class ParallelDense(layers.Layer):
+  """keras.layers.Dense (kernel, bias; weights made here, not on a first call) split over the
+  model axis: 'column' splits the output units (and the bias), 'row' the input units (the
+  bias, whole, added after the sum over peers)."""
+
+  def __init__(self, in_units, units, parallel, runtime, activation=None, **kwargs):
+    super().__init__(**kwargs)
+    self.runtime, self.parallel = runtime, parallel
+    self.activation = keras.activations.get(activation)
+    column = parallel == "column"
+    self.kernel = mp.sharded_or_whole(self, runtime, "kernel", (in_units, units),
+                                      1 if column else 0, keras.initializers.GlorotUniform())
+    self.bias = mp.sharded_or_whole(self, runtime, "bias", (units,), 0 if column else None,
+                                    keras.initializers.Zeros())
+
+  def call(self, x):
+    sharded = mp.is_sharded(self.kernel)
+    if sharded and self.parallel == "column":
+      x = mp.copy_to_model(self.runtime, x)
+    y = ops.matmul(x, mp.read(self.kernel, x.dtype))
+    if sharded and self.parallel == "row":
+      y = mp.reduce_from_model(self.runtime, y)
+    return self.activation(y + mp.read(self.bias, y.dtype))
 
 
 class LayerNorm(layers.Layer):
@@ -67,16 +110,17 @@ class LayerNorm(layers.Layer):
 
 
 class Attention(Block):
-  def __init__(self, hidden_size, num_heads, dropout, **kwargs):
+  def __init__(self, hidden_size, num_heads, dropout, runtime=None, **kwargs):
     super().__init__(**kwargs)
     kv = hidden_size // num_heads
     self.kv = kv
     fans = (hidden_size, hidden_size)       # the reference's [hidden, hidden] matrices
     project = lambda name: Projection((hidden_size, num_heads, kv), "bld,dnh->blnh", fans,
-                                      name=name, dtype=self.dtype_policy)
+                                      runtime, 1, "column", name=name, dtype=self.dtype_policy)
     self.query, self.key, self.value = project("query"), project("key"), project("value")
     self.output_projection = Projection((num_heads, kv, hidden_size), "blnh,nhd->bld", fans,
-                                        name="output", dtype=self.dtype_policy)
+                                        runtime, 0, "row", name="output",
+                                        dtype=self.dtype_policy)
     self.weights_dropout = layers.Dropout(dropout, dtype=self.dtype_policy)
 
   def sublayers(self):
@@ -100,12 +144,19 @@ class Attention(Block):
 
 
 class FeedForward(Block):
-  def __init__(self, hidden_size, filter_size, dropout, **kwargs):
+  def __init__(self, hidden_size, filter_size, dropout, runtime=None, **kwargs):
     super().__init__(**kwargs)
-    self.filter = layers.Dense(filter_size, activation="relu", name="filter",
-                               kernel_initializer="glorot_uniform", dtype=self.dtype_policy)
-    self.output_dense = layers.Dense(hidden_size, name="output",
-                                     kernel_initializer="glorot_uniform", dtype=self.dtype_policy)
+    if runtime is not None and runtime.model > 1:
+      self.filter = ParallelDense(hidden_size, filter_size, "column", runtime, "relu",
+                                  name="filter", dtype=self.dtype_policy)
+      self.output_dense = ParallelDense(filter_size, hidden_size, "row", runtime,
+                                        name="output", dtype=self.dtype_policy)
+    else:
+      self.filter = layers.Dense(filter_size, activation="relu", name="filter",
+                                 kernel_initializer="glorot_uniform", dtype=self.dtype_policy)
+      self.output_dense = layers.Dense(hidden_size, name="output",
+                                       kernel_initializer="glorot_uniform",
+                                       dtype=self.dtype_policy)
     self.relu_dropout = layers.Dropout(dropout, dtype=self.dtype_policy)
 
   def sublayers(self):
@@ -116,14 +167,14 @@ class FeedForward(Block):
 
 
 class EncoderLayer(Block):
-  def __init__(self, cfg, **kwargs):
+  def __init__(self, cfg, runtime=None, **kwargs):
     super().__init__(**kwargs)
     p = self.dtype_policy
     self.self_attention = Attention(cfg.hidden_size, cfg.num_heads, cfg.attention_dropout,
-                                    name="self_attention", dtype=p)
+                                    runtime, name="self_attention", dtype=p)
     self.self_attention_norm = LayerNorm(cfg.hidden_size, name="self_attention_norm", dtype=p)
-    self.ffn = FeedForward(cfg.hidden_size, cfg.filter_size, cfg.relu_dropout, name="ffn",
-                           dtype=p)
+    self.ffn = FeedForward(cfg.hidden_size, cfg.filter_size, cfg.relu_dropout, runtime,
+                           name="ffn", dtype=p)
     self.ffn_norm = LayerNorm(cfg.hidden_size, name="ffn_norm", dtype=p)
     self.residual_dropout = layers.Dropout(cfg.dropout, dtype=p)
 
@@ -139,18 +190,18 @@ class EncoderLayer(Block):
 
 
 class DecoderLayer(Block):
-  def __init__(self, cfg, **kwargs):
+  def __init__(self, cfg, runtime=None, **kwargs):
     super().__init__(**kwargs)
     p = self.dtype_policy
     attention = lambda name: Attention(cfg.hidden_size, cfg.num_heads, cfg.attention_dropout,
-                                       name=name, dtype=p)
+                                       runtime, name=name, dtype=p)
     self.self_attention, self.encdec_attention = attention("self_attention"), \
         attention("encdec_attention")
     norm = lambda name: LayerNorm(cfg.hidden_size, name=name, dtype=p)
     self.self_attention_norm, self.encdec_attention_norm = norm("self_attention_norm"), \
         norm("encdec_attention_norm")
-    self.ffn = FeedForward(cfg.hidden_size, cfg.filter_size, cfg.relu_dropout, name="ffn",
-                           dtype=p)
+    self.ffn = FeedForward(cfg.hidden_size, cfg.filter_size, cfg.relu_dropout, runtime,
+                           name="ffn", dtype=p)
     self.ffn_norm = norm("ffn_norm")
     self.residual_dropout = layers.Dropout(cfg.dropout, dtype=p)
 
@@ -190,10 +241,10 @@ class DecoderLayer(Block):
 class Stack(Block):
   """num_layers encoder or decoder layers (named layer_i) and the final LayerNorm."""
 
-  def __init__(self, cfg, layer_class, **kwargs):
+  def __init__(self, cfg, layer_class, runtime=None, **kwargs):
     super().__init__(**kwargs)
     self.cfg = cfg
-    self.blocks = [layer_class(cfg, name=f"layer_{i}", dtype=self.dtype_policy)
+    self.blocks = [layer_class(cfg, runtime, name=f"layer_{i}", dtype=self.dtype_policy)
                    for i in range(cfg.num_layers)]
     self.output_norm = LayerNorm(cfg.hidden_size, name="output_norm", dtype=self.dtype_policy)
 
@@ -209,19 +260,33 @@ class Stack(Block):
 class Transformer(keras.Model):
   """call(inputs, targets) -> logits [B, L, V] in the accumulation dtype."""
 
-  def __init__(self, model_cfg, dtype="float32", **kwargs):
+  def __init__(self, model_cfg, dtype="float32", runtime=None, **kwargs):
     super().__init__(name="transformer", dtype=dtype, **kwargs)
     c = self.cfg = model_cfg
+    self.runtime = runtime
     self.acc = accumulation_dtype(self.dtype_policy)
-    self.embedding = self.add_weight(
-        shape=(c.vocab_size, c.hidden_size), name="embedding",
-        initializer=keras.initializers.RandomNormal(stddev=c.hidden_size ** -0.5))
-    self.encoder = Stack(c, EncoderLayer, name="encoder", dtype=self.dtype_policy)
-    self.decoder = Stack(c, DecoderLayer, name="decoder", dtype=self.dtype_policy)
+    self.embedding = mp.sharded_or_whole(
+        self, runtime, "embedding", (c.vocab_size, c.hidden_size), 0,
+        keras.initializers.RandomNormal(stddev=c.hidden_size ** -0.5))
+    self.encoder = Stack(c, EncoderLayer, runtime, name="encoder", dtype=self.dtype_policy)
+    self.decoder = Stack(c, DecoderLayer, runtime, name="decoder", dtype=self.dtype_policy)
     self.embedding_dropout = layers.Dropout(c.dropout, dtype=self.dtype_policy)
 
+  def build(self, *args, **kwargs):
+    """Every weight is made in __init__ or by a sublayer on its first call (as Block's)."""
+    del args, kwargs
+    self.built = True
+
+  @property
+  def vocab_parallel(self):
+    """True when the logits are this replica's vocabulary shard [..., V / model]."""
+    return mp.is_sharded(self.embedding)
+
   def _lookup(self, ids):
-    x = ops.take(self.embedding, ids, axis=0)
+    if isinstance(self.embedding, mp.ShardedWeight):
+      x = mp.vocab_parallel_lookup(self.runtime, self.embedding, ids)
+    else:
+      x = ops.take(self.embedding, ids, axis=0)
     mask = ops.cast(ops.not_equal(ids, PAD_ID), x.dtype)[..., None]
     return x * mask * self.cfg.hidden_size ** 0.5
 
@@ -244,7 +309,12 @@ class Transformer(keras.Model):
     return self.encoder(x, bias, training=training), bias
 
   def logits(self, x):
-    table = ops.cast(self.embedding, x.dtype)
+    """[B, L, V], or under vocab_parallel this replica's [B, L, V / model]."""
+    if not isinstance(self.embedding, mp.ShardedWeight):
+      return ops.cast(ops.einsum("bld,vd->blv", x, ops.cast(self.embedding, x.dtype)), self.acc)
+    if self.vocab_parallel:
+      x = mp.copy_to_model(self.runtime, x)
+    table = mp.read(self.embedding, x.dtype)
     return ops.cast(ops.einsum("bld,vd->blv", x, table), self.acc)
 
   def call(self, inputs, targets, training=False, packed=None):
@@ -288,7 +358,8 @@ class Transformer(keras.Model):
 
   # ------------------------------------------------------------------ by flax path
   def variables_by_path(self):
-    """{flax params path: Keras variable} for every variable of the model."""
+    """{flax params path: Keras variable (or tf_model_parallel.ShardedWeight)} for every
+    variable of the model."""
     out = {("embedding_shared", "embedding"): self.embedding}
 
     def walk(prefix, layer):
@@ -298,6 +369,9 @@ class Transformer(keras.Model):
       else:
         for var in layer.weights:
           out[prefix + (var.name,)] = var
+        for name in ("kernel", "bias"):
+          if isinstance(getattr(layer, name, None), mp.ShardedWeight):
+            out[prefix + (name,)] = getattr(layer, name)
     for stack_name, stack in (("encoder", self.encoder), ("decoder", self.decoder)):
       for i, block in enumerate(stack.blocks):
         walk((stack_name, f"layer_{i}"), block)
@@ -335,23 +409,29 @@ def position_at(i, hidden_size):
   return ops.concatenate([ops.sin(angles), ops.cos(angles)])[None]
 
 
-def build(model_cfg, length=8, dtype="float32") -> Transformer:
-  """Creates the model and its variables (one call on a dummy batch)."""
-  model = Transformer(model_cfg, dtype=dtype)
-  ids = np.ones((1, length), np.int32)
-  model(ids, ids)
+def build(model_cfg, length=8, dtype="float32", runtime=None) -> Transformer:
+  """Creates the model and its variables (one call on a dummy batch; on a model axis every
+  weight is made in __init__, and a call outside the replicas could not read the shards)."""
+  model = Transformer(model_cfg, dtype=dtype, runtime=runtime)
+  if runtime is None or runtime.model == 1:
+    ids = np.ones((1, length), np.int32)
+    model(ids, ids)
   return model
 
 
 def load_flax_variables(model, params):
   """Copies flax params into the Keras model by path; every variable must be covered."""
-  copied = 0
+  copied = sharded = 0
   for path, var in model.variables_by_path().items():
     value = params
     for key in path:
       value = value[key]
-    var.assign(np.asarray(value, var.dtype).reshape(var.shape))
-    copied += int(np.prod(var.shape))
-  if copied != model.count_params():
+    if isinstance(var, mp.ShardedWeight):
+      var.assign_full(np.asarray(value).reshape(var.full_shape))
+      sharded += int(np.prod(var.full_shape))
+    else:
+      var.assign(np.asarray(value, var.dtype).reshape(var.shape))
+    copied += int(np.prod(var.full_shape if isinstance(var, mp.ShardedWeight) else var.shape))
+  if copied - sharded != model.count_params():
     raise ValueError(f"converted {copied} of {model.count_params()} values: the models differ")
   return model

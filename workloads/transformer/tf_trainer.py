@@ -11,6 +11,7 @@ gradient of the global mean. Eval translates with tf_beam_search.py and scores o
 import tensorflow as tf
 
 from workloads.optim import tf_optimizers
+from workloads.parallel import tf_model_parallel as mp
 from workloads.parallel.tf_trainer_base import StrategyTrainer
 from workloads.transformer import formulas, host_bleu, input_pipeline, spec, tf_beam_search, \
     tf_model
@@ -29,13 +30,31 @@ def smoothed_cross_entropy(logits, labels, label_smoothing):
   return tf.reduce_sum(xent * weights), tf.reduce_sum(weights)
 
 
+def vocab_parallel_smoothed_cross_entropy(runtime, logits, labels, label_smoothing, vocab):
+  """smoothed_cross_entropy from this replica's vocabulary shard of the logits
+  (tf_model_parallel: the logits are never gathered)."""
+  confidence, low, constant = formulas.smoothing(label_smoothing, vocab)
+  xent = mp.vocab_parallel_smoothed_cross_entropy(runtime, logits, labels, confidence, low,
+                                                  constant)
+  weights = tf.cast(tf.not_equal(labels, tf_model.PAD_ID), logits.dtype)
+  return tf.reduce_sum(xent * weights), tf.reduce_sum(weights)
+
+
 def replica_loss(model, batch, label_smoothing, training=True):
-  """This replica's share of the global mean loss (sum over replicas == the global loss)."""
+  """This replica's share of the global mean loss (sum over replicas == the global loss; on a
+  model axis, the sum over each replica's data peers)."""
   logits = model(batch["inputs"], batch["targets"], training=training,
                  packed=spec.packed_features(batch))
-  total, count = smoothed_cross_entropy(logits, batch["targets"], label_smoothing)
+  runtime = getattr(model, "runtime", None)
+  if getattr(model, "vocab_parallel", False):
+    total, count = vocab_parallel_smoothed_cross_entropy(
+        runtime, logits, batch["targets"], label_smoothing, model.cfg.vocab_size)
+  else:
+    total, count = smoothed_cross_entropy(logits, batch["targets"], label_smoothing)
   replica = tf.distribute.get_replica_context()
   global_count = replica.all_reduce(tf.distribute.ReduceOp.SUM, count) if replica else count
+  if runtime is not None and runtime.model > 1:
+    global_count /= runtime.model           # every model peer counted the same tokens
   return total / tf.maximum(global_count, 1.0)
 
 
@@ -66,8 +85,8 @@ class TransformerTrainer(StrategyTrainer):
     self._eval_text = None
 
   def make_model(self, runtime):
-    del runtime                         # no cross-replica layers
-    return tf_model.build(self.cfg.model, self.cfg.data.max_length, self.dtype)
+    """`runtime`: its model axis makes the layers Megatron's (tf_model_parallel)."""
+    return tf_model.build(self.cfg.model, self.cfg.data.max_length, self.dtype, runtime)
 
   def make_optimizer(self):
     optimizer = tf_optimizers.make_adam(self.cfg.optimizer, self.schedule)
@@ -75,13 +94,15 @@ class TransformerTrainer(StrategyTrainer):
 
   def loss_and_grads(self, batch):
     with tf.GradientTape() as tape:
+      variables = self.watch_variables(tape)
       loss = replica_loss(self.model, batch, self.cfg.optimizer.label_smoothing)
-    grads = tape.gradient(loss, self.model.trainable_variables)
+    grads = tape.gradient(loss, variables)
     # the shared embedding's lookups give IndexedSlices: dense, to add the projection's part
     return loss, [tf.convert_to_tensor(g) for g in grads]
 
   def eval_step(self, batch):
-    tokens = translate(self.model, batch["inputs"], self.cfg.model)
+    with mp.gathered_weights(self.model.runtime):   # no collective inside the decode loop
+      tokens = translate(self.model, batch["inputs"], self.cfg.model)
     return {"tokens": tokens, "index": batch["index"], "mask": batch["mask"]}
 
   def accumulate(self, acc, outputs):

@@ -1,0 +1,213 @@
+"""Mesh-TF / Megatron model parallelism on tf.distribute: hand-written SPMD inside the
+replicas of tf_runtime.StrategyRuntime (DESIGN §4; why not DTensor: docs/platform.md).
+
+A weight split over the `model` axis is a ShardedWeight: one ON_READ tf.Variable of the shard's
+shape whose component on replica r holds shard m(r) (harness.mesh.MESH_ORDER), so a replica
+holds only its shard. Layers read it with `local()` and pair it with Megatron's two operators,
+tf.custom_gradient over the runtime's group collectives:
+  copy_to_model(x)      forward identity, backward the sum over model peers (the input of a
+                        column-parallel layer: each peer's partial input gradient);
+  reduce_from_model(x)  forward the sum over model peers, backward identity (the output of a
+                        row-parallel layer: each peer's partial product).
+The vocabulary-parallel embedding looks up the ids its shard holds and sums over peers; the
+vocabulary-parallel softmax cross entropy reduces its maximum and sums over `model` and never
+gathers the logits. A sharded weight's gradient is summed over its data peers only
+(runtime.data_sum); ShardedWeightsUpdate applies the optimizer's flat rule to each shard, with
+whole-tensor norms (the shards' squares summed over `model`) for LAMB's trust ratio.
+
+`gathered_weights()` is for the beam-search eval: tf.distribute cannot run a collective inside
+the decoder's while loop (merge_call in control flow), so the eval all-gathers every sharded
+weight once per batch, before the loop, and decodes with whole weights and no model-axis
+collectives (every model peer decodes the same sentences; the trainer keeps one copy).
+"""
+import contextlib
+
+import numpy as np
+import tensorflow as tf
+
+ON_READ = dict(synchronization=tf.VariableSynchronization.ON_READ,
+               aggregation=tf.VariableAggregation.SUM, trainable=False)
+
+
+class ShardedWeight:
+  """A weight of `full_shape` split over the model axis along `dim`."""
+
+  def __init__(self, runtime, name, full_shape, dim, initial_value, dtype):
+    self.runtime, self.name, self.dim = runtime, name, dim
+    self.full_shape = tuple(full_shape)
+    model = runtime.model
+    if full_shape[dim] % model:
+      raise ValueError(f"{name}: dimension {dim} ({full_shape[dim]}) does not split over "
+                       f"model={model}")
+    shape = list(full_shape)
+    shape[dim] //= model
+    with runtime.strategy.scope():
+      self.variable = tf.Variable(tf.zeros(shape, dtype), name=name, **ON_READ)
+    self.gathered_value = None
+    self.assign_full(initial_value)
+    runtime.sharded_weights.append(self)
+
+  def replica_shards(self):
+    """(replica's model coordinate, its component variable) for every local replica."""
+    coords = [self.runtime.shape.coordinates(r)["model"]
+              for r in range(len(self.variable.values))]
+    return list(zip(coords, self.variable.values))
+
+  def assign_full(self, value):
+    parts = np.split(np.asarray(value), self.runtime.model, axis=self.dim)
+    for m, component in self.replica_shards():
+      component.assign(parts[m].astype(component.dtype.as_numpy_dtype))
+
+  def full_value(self) -> np.ndarray:
+    """The whole weight, from the shards of the first data replica (host numpy)."""
+    shards = dict(reversed(self.replica_shards()))
+    return np.concatenate([shards[m].numpy() for m in range(self.runtime.model)], self.dim)
+
+  def component(self):
+    """In replica context: this replica's shard variable (for GradientTape.watch)."""
+    return self.variable._get()  # pylint: disable=protected-access
+
+  def local(self):
+    """This replica's shard (or, under gathered_weights, the whole weight)."""
+    if self.runtime.gathered:
+      return self.gathered_value
+    return tf.convert_to_tensor(self.component())
+
+  def bytes_per_replica(self) -> int:
+    return int(np.prod(self.variable.values[0].shape)) * self.variable.dtype.size
+
+
+def sharded_or_whole(layer, runtime, name, shape, dim, initializer):
+  """A Keras weight of `layer` (in its policy's variable dtype) when there is no model axis or
+  `dim` does not split over it (it stays whole, as in JAX), else a ShardedWeight drawn from
+  the same initializer."""
+  dtype = layer.dtype_policy.variable_dtype
+  if runtime is None or runtime.model == 1 or dim is None or shape[dim] % runtime.model:
+    return layer.add_weight(shape=shape, initializer=initializer, name=name, dtype=dtype)
+  value = initializer(shape, dtype=dtype)
+  return ShardedWeight(runtime, f"{layer.name}/{name}", shape, dim, value, dtype)
+
+
+def read(weight, dtype):
+  """The tensor a layer computes with, in the compute dtype: a shard (a ShardedWeight is a
+  tf.Variable, which Keras does not autocast), or a whole Keras weight."""
+  value = weight.local() if isinstance(weight, ShardedWeight) else weight
+  return tf.cast(value, dtype)
+
+
+def is_sharded(weight):
+  return isinstance(weight, ShardedWeight) and not weight.runtime.gathered
+
+
+def copy_to_model(runtime, x):
+  """Megatron's f: identity forward, gradient summed over the model peers."""
+  if runtime is None or runtime.model == 1 or runtime.gathered:
+    return x
+
+  @tf.custom_gradient
+  def f(x):
+    return tf.identity(x), lambda dy: runtime.model_sum(dy)
+  runtime._count("model_all_reduce")   # pylint: disable=protected-access
+  return f(x)
+
+
+def reduce_from_model(runtime, x):
+  """Megatron's g: the sum over the model peers forward, identity backward."""
+  if runtime is None or runtime.model == 1 or runtime.gathered:
+    return x
+
+  @tf.custom_gradient
+  def g(x):
+    return runtime.model_sum(x), lambda dy: dy
+  runtime._count("model_all_reduce")   # pylint: disable=protected-access
+  return g(x)
+
+
+def vocab_parallel_lookup(runtime, table, ids):
+  """Embedding lookup from a vocab-split table [V/M, H]: each peer looks up the ids in its
+  range (zeros elsewhere) and the sum over peers is the whole lookup."""
+  local = read(table, table.variable.dtype)
+  if not is_sharded(table):
+    return tf.gather(local, ids)
+  rows = local.shape[0]
+  start = tf.cast(runtime.model_index(), ids.dtype) * rows
+  offset = ids - start
+  inside = (offset >= 0) & (offset < rows)
+  found = tf.gather(local, tf.where(inside, offset, tf.zeros_like(offset)))
+  return reduce_from_model(runtime, found * tf.cast(inside, found.dtype)[..., None])
+
+
+def vocab_parallel_smoothed_cross_entropy(runtime, logits, labels, confidence, low, constant):
+  """Per-token smoothed cross entropy (soft targets: `confidence` on the label, `low`
+  elsewhere, summing to 1; minus `constant`) from logits split over the vocabulary
+  [..., V/M]: log-softmax's maximum and sum and the soft-target products are reduced over
+  `model`; the logits are never gathered."""
+  rows = logits.shape[-1]
+  start = tf.cast(runtime.model_index(), labels.dtype) * rows
+  offset = labels - start
+  # the maximum only steadies exp(): the same value on every peer, no gradient (a gather of
+  # the peers' maxima: tf.distribute's all_reduce has no MAX)
+  shift = tf.stop_gradient(tf.reduce_max(runtime.model_gather(tf.reduce_max(logits, -1)), 0))
+  shifted = logits - shift[..., None]
+  total_exp = reduce_from_model(runtime, tf.reduce_sum(tf.exp(shifted), -1))
+  soft = tf.one_hot(offset, rows, on_value=confidence, off_value=low, dtype=logits.dtype)
+  target = reduce_from_model(runtime, tf.reduce_sum(soft * shifted, -1))
+  # sum_v soft_v * log_softmax_v = target - log(total_exp) (the soft targets sum to 1)
+  return -(target - tf.math.log(total_exp)) - constant
+
+
+@contextlib.contextmanager
+def gathered_weights(runtime):
+  """In replica context: every sharded weight all-gathered once; layers then compute with
+  whole weights and issue no model-axis collective (see the module docstring)."""
+  if runtime is None or runtime.model == 1:
+    yield
+    return
+  for weight in runtime.sharded_weights:
+    parts = runtime.model_gather(tf.convert_to_tensor(weight.component()))
+    weight.gathered_value = tf.concat(tf.unstack(parts), weight.dim)
+  runtime.gathered = True
+  try:
+    yield
+  finally:
+    runtime.gathered = False
+    for weight in runtime.sharded_weights:
+      weight.gathered_value = None
+
+
+class ShardedWeightsUpdate:
+  """The optimizer's update of the sharded weights, each replica on its own shard: the
+  optimizer's flat rule (tf_optimizers: the same formula as its per-variable update) with its
+  slots in ON_READ variables of the shard's shape, the step count and learning rate of the
+  Keras optimizer that updates the whole weights, and whole-tensor norms for trust ratios."""
+
+  def __init__(self, runtime, optimizer, decayed):
+    self.runtime, self.optimizer = runtime, optimizer
+    self.rule, slot_names = optimizer.flat_update_rule()
+    self.weights = list(runtime.sharded_weights)
+    self.masks = [1.0 if decayed(w.name) else 0.0 for w in self.weights]
+    with runtime.strategy.scope():
+      self.slots = [{name: tf.Variable(tf.zeros(w.variable.values[0].shape, w.variable.dtype),
+                                       name=f"{w.name}_{name}", **ON_READ)
+                     for name in slot_names} for w in self.weights]
+
+  def apply(self, grads, step, lr):
+    """In replica context: `grads` (one per weight, summed over data peers) at update count
+    `step` (from 1) with learning rate `lr`."""
+    rt = self.runtime
+
+    def norm(x):
+      return tf.sqrt(rt.model_sum(tf.reduce_sum(tf.square(x))))
+
+    for weight, grad, slots, mask in zip(self.weights, grads, self.slots, self.masks):
+      var = weight.component()
+      values = {name: tf.convert_to_tensor(s._get()) for name, s in slots.items()}  # pylint: disable=protected-access
+      new_w, new_slots = self.rule(tf.convert_to_tensor(var), tf.cast(grad, var.dtype), values,
+                                   tf.cast(lr, var.dtype), step, tf.constant(mask, var.dtype),
+                                   lambda x: norm(x) * tf.ones_like(x))
+      for name, value in new_slots.items():
+        slots[name]._get().assign(value)  # pylint: disable=protected-access
+      var.assign(new_w)
+
+  def state(self):
+    return [c for slots in self.slots for s in slots.values() for c in s.values]
