@@ -36,8 +36,8 @@ def _fits(text, framework="jax", workload="bert", **kw):
 
 
 @pytest.mark.parametrize("text, kw, message", [
-    ("data=2,model=4", {"framework": "tf"}, "--mesh axis model=4: the tf runtime does not run "
-                                            "it yet; allowed axes: data, spatial"),
+    ("data=2,stage=2", {"framework": "tf"}, "--mesh axis stage=2: the tf runtime does not run "
+                                            "it yet; allowed axes: data, model, spatial"),
     # a model axis must split the heads (Mesh-TF's layout); d_ff and vocab may stay whole
     ("data=1,model=8", {}, "--mesh model=8 does not divide the heads size 4; allowed: a "
                            "divisor of 4"),

@@ -21,12 +21,21 @@ weight once per batch, before the loop, and decodes with whole weights and no mo
 collectives (every model peer decodes the same sentences; the trainer keeps one copy).
 """
 import contextlib
+import threading
 
 import numpy as np
 import tensorflow as tf
 
 ON_READ = dict(synchronization=tf.VariableSynchronization.ON_READ,
                aggregation=tf.VariableAggregation.SUM, trainable=False)
+# MirroredStrategy traces each replica's function in its own thread, at the same time: the
+# gathered weights of one replica's eval are that thread's own.
+_GATHERED = threading.local()
+
+
+def _gathered():
+  """{id(weight): whole value} inside this thread's gathered_weights, else None."""
+  return getattr(_GATHERED, "values", None)
 
 
 class ShardedWeight:
@@ -43,7 +52,6 @@ class ShardedWeight:
     shape[dim] //= model
     with runtime.strategy.scope():
       self.variable = tf.Variable(tf.zeros(shape, dtype), name=name, **ON_READ)
-    self.gathered_value = None
     self.assign_full(initial_value)
     runtime.sharded_weights.append(self)
 
@@ -69,8 +77,9 @@ class ShardedWeight:
 
   def local(self):
     """This replica's shard (or, under gathered_weights, the whole weight)."""
-    if self.runtime.gathered:
-      return self.gathered_value
+    gathered = _gathered()
+    if gathered is not None:
+      return gathered[id(self)]
     return tf.convert_to_tensor(self.component())
 
   def bytes_per_replica(self) -> int:
@@ -96,12 +105,12 @@ def read(weight, dtype):
 
 
 def is_sharded(weight):
-  return isinstance(weight, ShardedWeight) and not weight.runtime.gathered
+  return isinstance(weight, ShardedWeight) and _gathered() is None
 
 
 def copy_to_model(runtime, x):
   """Megatron's f: identity forward, gradient summed over the model peers."""
-  if runtime is None or runtime.model == 1 or runtime.gathered:
+  if runtime is None or runtime.model == 1 or _gathered() is not None:
     return x
 
   @tf.custom_gradient
@@ -113,7 +122,7 @@ def copy_to_model(runtime, x):
 
 def reduce_from_model(runtime, x):
   """Megatron's g: the sum over the model peers forward, identity backward."""
-  if runtime is None or runtime.model == 1 or runtime.gathered:
+  if runtime is None or runtime.model == 1 or _gathered() is not None:
     return x
 
   @tf.custom_gradient
@@ -163,16 +172,15 @@ def gathered_weights(runtime):
   if runtime is None or runtime.model == 1:
     yield
     return
+  values = {}
   for weight in runtime.sharded_weights:
     parts = runtime.model_gather(tf.convert_to_tensor(weight.component()))
-    weight.gathered_value = tf.concat(tf.unstack(parts), weight.dim)
-  runtime.gathered = True
+    values[id(weight)] = tf.concat(tf.unstack(parts), weight.dim)
+  _GATHERED.values = values
   try:
     yield
   finally:
-    runtime.gathered = False
-    for weight in runtime.sharded_weights:
-      weight.gathered_value = None
+    _GATHERED.values = None
 
 
 class ShardedWeightsUpdate:

@@ -144,8 +144,6 @@ class StrategyRuntime:
       raise ValueError("--weight-update-sharding with a model axis: the tf runtime shards the "
                        "update of data-parallel runs only; allowed: one of them (JAX runs both)")
     self.sharded_weights = []       # tf_model_parallel.ShardedWeight, made by the model's layers
-    self.gathered = False           # tf_model_parallel.gathered_weights: whole weights, no
-                                    # model-axis collectives (the beam-search eval)
     # tf.distribute collectives issued by the traced step, by kind (those of their
     # gradients, which tf.distribute adds in the backward pass, not counted)
     self.collective_calls = {}

@@ -1,0 +1,144 @@
+"""Megatron-style model parallelism in the TF runtime (tf_model_parallel.py) on logical CPU
+devices, in float64: the Transformer on data x model meshes, from the one-replica model's
+weights, gives the loss and the parameters after two Adam steps of one replica (rtol 1e-9),
+and the same gradients; each replica holds only its shard (bytes read from the replica-local
+variables); a sharded weight's gradient is summed over its data peers, never over `model`;
+the beam-search eval translates to the same tokens."""
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from harness.workload import RunContext
+from workloads.parallel import tf_model_parallel as mp
+from workloads.transformer import spec
+
+RTOL = 1e-9
+
+
+def tiny_config(mesh, vocab=48, source="synthetic"):
+  # tf.distribute's replicated steps never XLA-compile; neither does the one-replica reference
+  overrides = ["train.jit_compile=false", f"data.source={source}", "data.packing=true",
+               "model.dropout=0", "model.attention_dropout=0", "model.relu_dropout=0",
+               "train.global_batch_size=8", "optimizer.warmup_steps=2", "data.max_length=12",
+               "data.eval_max_length=12", "model.hidden_size=32", "model.num_heads=4",
+               "model.filter_size=64"] + ([f"model.vocab_size={vocab}"] if vocab else [])
+  cfg = spec.SPEC.configure("tiny", overrides)
+  cfg.parallel.mesh = mesh
+  return cfg
+
+
+def float64_trainer(mesh, vocab=48, source="synthetic", data_dir=None):
+  trainer = spec.SPEC.make_trainer("tf", tiny_config(mesh, vocab, source),
+                                   RunContext(seed=0, preset="tiny", data_dir=data_dir))
+  trainer.dtype = "float64"
+  trainer.init()
+  return trainer
+
+
+def copy_weights(source, target):
+  """The one-replica model's weights into the model-parallel one (shards split from them)."""
+  weights = source.model.variables_by_path()
+  for path, var in target.model.variables_by_path().items():
+    if isinstance(var, mp.ShardedWeight):
+      var.assign_full(weights[path].numpy())
+    else:
+      var.assign(weights[path].numpy())
+
+
+def whole_weights(trainer):
+  return {path: (var.full_value() if isinstance(var, mp.ShardedWeight) else var.numpy())
+          for path, var in trainer.model.variables_by_path().items()}
+
+
+def summed_gradients(trainer):
+  """Every weight's gradient as the train step reduces it (a shard's over its data peers),
+  assembled whole on the host from the replicas."""
+  rt, batch = trainer.runtime, trainer.train_dataset(0, 1)
+  paths = list(trainer.model.variables_by_path())
+  by_var = {id(v): p for p, v in trainer.model.variables_by_path().items()}
+
+  def replica(batch):
+    _, grads = trainer.loss_and_grads(batch)
+    n = len(trainer.model.trainable_variables)
+    whole = [g / rt.model for g in rt.all_sum(grads[:n])] if rt.distributed else grads[:n]
+    return whole + [rt.data_sum(g) for g in grads[n:]]
+
+  iterator = trainer._distributed(lambda i, n: batch, 8)   # pylint: disable=protected-access
+  grads = tf.function(lambda: trainer.strategy.run(replica, args=(next(iterator),)))()
+  local = lambda g: trainer.strategy.experimental_local_results(g)
+  out = {}
+  for var, grad in zip(trainer.model.trainable_variables, grads):
+    path = next(p for p, v in trainer.model.variables_by_path().items() if v is var)
+    out[path] = local(grad)[0].numpy()
+  for weight, grad in zip(rt.sharded_weights, grads[len(trainer.model.trainable_variables):]):
+    path = by_var[id(weight)]
+    shards = {}
+    for r, value in enumerate(local(grad)):
+      shards.setdefault(rt.shape.coordinates(r)["model"], value.numpy())
+    out[path] = np.concatenate([shards[m] for m in range(rt.model)], weight.dim)
+  assert set(out) == set(paths)
+  return out
+
+
+def assert_same(a, b):
+  assert set(a) == set(b)
+  for path in a:
+    np.testing.assert_allclose(a[path], b[path], rtol=RTOL, atol=1e-13, err_msg=str(path))
+
+
+@pytest.fixture(scope="module")
+def one_replica():
+  return float64_trainer("data=1")
+
+
+@pytest.mark.parametrize("mesh", ["data=1,model=2", "data=2,model=2", "data=2,model=4"])
+def test_transformer_model_parallel_equals_one_replica(one_replica, mesh):
+  sharded = float64_trainer(mesh)
+  copy_weights(one_replica, sharded)
+  start = whole_weights(one_replica)
+  assert_same(summed_gradients(sharded), summed_gradients(one_replica))
+  losses = [sharded.train(1)["loss"] for _ in range(2)]
+  sharded_weights = whole_weights(sharded)
+  for path, var in one_replica.model.variables_by_path().items():   # back to the start
+    var.assign(start[path])
+  one_replica.optimizer.iterations.assign(0)
+  for slot in one_replica.optimizer.variables:
+    if slot is not one_replica.optimizer.iterations:
+      slot.assign(tf.zeros_like(slot))
+  expected = [one_replica.train(1)["loss"] for _ in range(2)]
+  np.testing.assert_allclose(losses, expected, rtol=RTOL)
+  assert_same(sharded_weights, whole_weights(one_replica))
+
+
+def test_each_replica_holds_only_its_shard_and_shard_gradients_stay_off_model():
+  trainer = float64_trainer("data=2,model=4")
+  rt = trainer.runtime
+  assert trainer.model.vocab_parallel
+  for weight in rt.sharded_weights:
+    whole = int(np.prod(weight.full_shape)) * 8
+    for component in weight.variable.values:          # one per replica, on its device
+      assert int(np.prod(component.shape)) * 8 * 4 == whole, weight.name
+  assert len({c.device for c in rt.sharded_weights[0].variable.values}) == 8
+  # the traced step: one data-peer sum per sharded weight's gradient (and the optimizer's own
+  # whole-tensor norms are none here: Adam); the model axis carries activations only
+  calls = {k: v // rt.num_replicas for k, v in rt.collective_calls.items()}
+  assert calls["all_reduce_over_data"] == len(rt.sharded_weights) == 1 + 3 * 4 + 2 * 3
+  info = trainer.describe()
+  whole_bytes = sum(int(np.prod(v.shape)) * 8 for v in trainer.model.trainable_variables)
+  assert info["parameter_bytes_per_device"] == whole_bytes + sum(
+      int(np.prod(w.full_shape)) * 8 // 4 for w in rt.sharded_weights)
+
+
+def test_a_vocab_the_model_axis_does_not_divide_stays_whole():
+  trainer = float64_trainer("data=1,model=4", vocab=50)
+  assert not trainer.model.vocab_parallel
+  assert not isinstance(trainer.model.embedding, mp.ShardedWeight)
+  assert len(trainer.runtime.sharded_weights) == 3 * 4 + 2 * 3
+
+
+def test_beam_search_eval_of_a_model_parallel_transformer_scores_the_same(tmp_path):
+  one = float64_trainer("data=1", vocab=0, source="mini", data_dir=str(tmp_path))
+  sharded = float64_trainer("data=2,model=2", vocab=0, source="mini", data_dir=str(tmp_path))
+  copy_weights(one, sharded)
+  result_one, result_sharded = one.evaluate(), sharded.evaluate()
+  assert result_sharded == result_one and result_one["count"] == one.cfg.data.eval_examples
