@@ -173,16 +173,19 @@ def assert_same_saved_run(multi_path, one_path, count):
 # most tests first: the end-to-end files, two to eleven tests each, started last and the last of
 # them ran alone while the other workers idled). Files not listed follow, in collection order.
 LONG_FILES = (
+    "tests/parallel/test_model_parallel_end_to_end.py",
     "tests/ssd/test_ssd_end_to_end.py",
     "tests/resnet/test_resnet_end_to_end.py",
     "tests/efficientnet/test_efficientnet_end_to_end.py",
     "tests/parallel/test_tf_distributed.py",
+    "tests/parallel/test_tf_model_parallel.py",
     "tests/transformer/test_transformer_end_to_end.py",
     "tests/bert/test_bert_end_to_end.py",
     "tests/efficientnet/test_efficientnet_distributed.py",
     "tests/ssd/test_ssd_distributed.py",
     "tests/test_contract.py",
     "tests/parallel/test_jax_distributed.py",
+    "tests/parallel/test_jax_model_parallel.py",
     "tests/harness/test_summarize.py",
     "tests/bert/test_bert_parity.py",
     "tests/bert/test_bert_distributed.py",

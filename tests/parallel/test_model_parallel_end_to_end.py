@@ -1,6 +1,6 @@
 """Model-parallel mini runs through the command line, as a user starts them: the Transformer on
-data=2,model=4 (8 simulated devices) and BERT on data=2,model=2 (4) reach their mini targets,
-the row records the layout, and the log passes the official checker."""
+data=2,model=4 (8 simulated devices; JAX and TF) and BERT on data=2,model=2 (4; JAX) reach
+their mini targets, the row records the layout, and the log passes the official checker."""
 import json
 
 import pandas as pd
@@ -8,11 +8,12 @@ import pytest
 
 pytestmark = pytest.mark.slow
 
-RUNS = [("transformer", "8", "data=2,model=4", 85.0), ("bert", "4", "data=2,model=2", 0.6)]
+RUNS = [("jax", "transformer", "8", "data=2,model=4", 85.0),
+        ("tf", "transformer", "8", "data=2,model=4", 85.0),
+        ("jax", "bert", "4", "data=2,model=2", 0.6)]
 
 
-@pytest.mark.parametrize("framework", ["jax"])
-@pytest.mark.parametrize("workload,devices,layout,target", RUNS)
+@pytest.mark.parametrize("framework,workload,devices,layout,target", RUNS)
 def test_model_parallel_mini_reaches_target_with_a_checker_clean_log(cli, tmp_path, framework,
                                                                      workload, devices, layout,
                                                                      target):

@@ -91,9 +91,19 @@ def one_replica():
   return float64_trainer("data=1")
 
 
+TRAINERS = {}
+
+
+def model_parallel(mesh):
+  """One trainer per mesh for the module (building and tracing 8 replicas is most of a test)."""
+  if mesh not in TRAINERS:
+    TRAINERS[mesh] = float64_trainer(mesh)
+  return TRAINERS[mesh]
+
+
 @pytest.mark.parametrize("mesh", ["data=1,model=2", "data=2,model=2", "data=2,model=4"])
 def test_transformer_model_parallel_equals_one_replica(one_replica, mesh):
-  sharded = float64_trainer(mesh)
+  sharded = model_parallel(mesh)
   copy_weights(one_replica, sharded)
   start = whole_weights(one_replica)
   assert_same(summed_gradients(sharded), summed_gradients(one_replica))
@@ -111,7 +121,7 @@ def test_transformer_model_parallel_equals_one_replica(one_replica, mesh):
 
 
 def test_each_replica_holds_only_its_shard_and_shard_gradients_stay_off_model():
-  trainer = float64_trainer("data=2,model=4")
+  trainer = model_parallel("data=2,model=4")
   rt = trainer.runtime
   assert trainer.model.vocab_parallel
   for weight in rt.sharded_weights:
