@@ -41,7 +41,7 @@ DATA = ("replica", "bn")
 PHYSICAL = {"data": DATA, "stage": "stage", "expert": "expert", "model": "model",
             "spatial": "spatial"}                   # named mesh axis -> this mesh's axes
 MESH_AXES = tuple(a for axis in mesh_lib.MESH_ORDER
-                  for a in (PHYSICAL[axis] if isinstance(PHYSICAL[axis], tuple) else (PHYSICAL[axis],)))
+                  for a in (DATA if axis == "data" else (PHYSICAL[axis],)))
 SUPPORTED_AXES = ("data", "model", "spatial")       # as harness.mesh.RUNTIME_AXES['jax'] declares
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "collective-permute", "all-to-all")
 _TRACING = contextvars.ContextVar("jax_runtime_tracing", default=None)
@@ -74,7 +74,8 @@ class MeshRuntime:
                        f"allowed axes: {', '.join(SUPPORTED_AXES)}")
     data, group = shape.data, shape.bn_group_size
     self.parallel = parallel
-    self.data, self.model, self.spatial, self.bn_group_size = data, shape.model, shape.spatial, group
+    self.data, self.model, self.spatial = data, shape.model, shape.spatial
+    self.bn_group_size = group
     self.grouped_bn = group < data
     self.weight_update_sharding = parallel.weight_update_sharding
     self.num_devices = shape.devices

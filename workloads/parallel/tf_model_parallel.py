@@ -9,11 +9,12 @@ tf.custom_gradient over the runtime's group collectives:
                         column-parallel layer: each peer's partial input gradient);
   reduce_from_model(x)  forward the sum over model peers, backward identity (the output of a
                         row-parallel layer: each peer's partial product).
-The vocabulary-parallel embedding looks up the ids its shard holds and sums over peers; the
-vocabulary-parallel softmax cross entropy reduces its maximum and sums over `model` and never
-gathers the logits. A sharded weight's gradient is summed over its data peers only
-(runtime.data_sum); ShardedWeightsUpdate applies the optimizer's flat rule to each shard, with
-whole-tensor norms (the shards' squares summed over `model`) for LAMB's trust ratio.
+ParallelDense is keras.layers.Dense split either way. The vocabulary-parallel embedding looks
+up the ids its shard holds and sums over peers; the vocabulary-parallel softmax cross entropy
+reduces its maximum and sums over `model` and never gathers the logits. A sharded weight's
+gradient is summed over its data peers only (runtime.data_sum); ShardedWeightsUpdate applies
+the optimizer's flat rule to each shard, with whole-tensor norms (the shards' squares summed
+over `model`) for LAMB's trust ratio.
 
 `gathered_weights()` is for the beam-search eval: tf.distribute cannot run a collective inside
 the decoder's while loop (merge_call in control flow), so the eval all-gathers every sharded
@@ -23,8 +24,10 @@ collectives (every model peer decodes the same sentences; the trainer keeps one 
 import contextlib
 import threading
 
+import keras
 import numpy as np
 import tensorflow as tf
+from keras import layers, ops
 
 ON_READ = dict(synchronization=tf.VariableSynchronization.ON_READ,
                aggregation=tf.VariableAggregation.SUM, trainable=False)
@@ -106,6 +109,32 @@ def read(weight, dtype):
 
 def is_sharded(weight):
   return isinstance(weight, ShardedWeight) and _gathered() is None
+
+
+class ParallelDense(layers.Layer):
+  """keras.layers.Dense (kernel, bias; weights made here, not on a first call) split over the
+  model axis: 'column' splits the output units (and the bias), 'row' the input units (the
+  bias, whole, added after the sum over peers)."""
+
+  def __init__(self, in_units, units, parallel, runtime, activation=None,
+               kernel_initializer="glorot_uniform", **kwargs):
+    super().__init__(**kwargs)
+    self.runtime, self.parallel = runtime, parallel
+    self.activation = keras.activations.get(activation)
+    column = parallel == "column"
+    self.kernel = sharded_or_whole(self, runtime, "kernel", (in_units, units), 1 if column else 0,
+                                   keras.initializers.get(kernel_initializer))
+    self.bias = sharded_or_whole(self, runtime, "bias", (units,), 0 if column else None,
+                                 keras.initializers.Zeros())
+
+  def call(self, x):
+    sharded = is_sharded(self.kernel)
+    if sharded and self.parallel == "column":
+      x = copy_to_model(self.runtime, x)
+    y = ops.matmul(x, read(self.kernel, x.dtype))
+    if sharded and self.parallel == "row":
+      y = reduce_from_model(self.runtime, y)
+    return self.activation(y + read(self.bias, y.dtype))
 
 
 def copy_to_model(runtime, x):
@@ -209,7 +238,8 @@ class ShardedWeightsUpdate:
 
     for weight, grad, slots, mask in zip(self.weights, grads, self.slots, self.masks):
       var = weight.component()
-      values = {name: tf.convert_to_tensor(s._get()) for name, s in slots.items()}  # pylint: disable=protected-access
+      values = {name: tf.convert_to_tensor(s._get())  # pylint: disable=protected-access
+                for name, s in slots.items()}
       new_w, new_slots = self.rule(tf.convert_to_tensor(var), tf.cast(grad, var.dtype), values,
                                    tf.cast(lr, var.dtype), step, tf.constant(mask, var.dtype),
                                    lambda x: norm(x) * tf.ones_like(x))

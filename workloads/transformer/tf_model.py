@@ -67,31 +67,6 @@ class Projection(layers.Layer):
     return mp.reduce_from_model(self.runtime, y) if self.parallel == "row" else y
 
 
-class ParallelDense(layers.Layer):
-  """keras.layers.Dense (kernel, bias; weights made here, not on a first call) split over the
-  model axis: 'column' splits the output units (and the bias), 'row' the input units (the
-  bias, whole, added after the sum over peers)."""
-
-  def __init__(self, in_units, units, parallel, runtime, activation=None, **kwargs):
-    super().__init__(**kwargs)
-    self.runtime, self.parallel = runtime, parallel
-    self.activation = keras.activations.get(activation)
-    column = parallel == "column"
-    self.kernel = mp.sharded_or_whole(self, runtime, "kernel", (in_units, units),
-                                      1 if column else 0, keras.initializers.GlorotUniform())
-    self.bias = mp.sharded_or_whole(self, runtime, "bias", (units,), 0 if column else None,
-                                    keras.initializers.Zeros())
-
-  def call(self, x):
-    sharded = mp.is_sharded(self.kernel)
-    if sharded and self.parallel == "column":
-      x = mp.copy_to_model(self.runtime, x)
-    y = ops.matmul(x, mp.read(self.kernel, x.dtype))
-    if sharded and self.parallel == "row":
-      y = mp.reduce_from_model(self.runtime, y)
-    return self.activation(y + mp.read(self.bias, y.dtype))
-
-
 class LayerNorm(layers.Layer):
   """(x - mean) / sqrt(var + 1e-6) * scale + bias, statistics in the accumulation dtype."""
 
@@ -147,9 +122,9 @@ class FeedForward(Block):
   def __init__(self, hidden_size, filter_size, dropout, runtime=None, **kwargs):
     super().__init__(**kwargs)
     if runtime is not None and runtime.model > 1:
-      self.filter = ParallelDense(hidden_size, filter_size, "column", runtime, "relu",
+      self.filter = mp.ParallelDense(hidden_size, filter_size, "column", runtime, "relu",
                                   name="filter", dtype=self.dtype_policy)
-      self.output_dense = ParallelDense(filter_size, hidden_size, "row", runtime,
+      self.output_dense = mp.ParallelDense(filter_size, hidden_size, "row", runtime,
                                         name="output", dtype=self.dtype_policy)
     else:
       self.filter = layers.Dense(filter_size, activation="relu", name="filter",
