@@ -154,3 +154,42 @@ def test_beam_search_eval_of_a_model_parallel_transformer_scores_the_same(tmp_pa
   copy_weights(one, sharded)
   result_one, result_sharded = one.evaluate(), sharded.evaluate()
   assert result_sharded == result_one and result_one["count"] == one.cfg.data.eval_examples
+
+
+def bert_trainer(mesh):
+  from workloads.bert import spec as bert_spec   # pylint: disable=import-outside-toplevel
+  cfg = bert_spec.SPEC.configure("tiny", [
+      "train.jit_compile=false", "data.source=synthetic", "model.hidden_size=32",
+      "model.num_heads=4", "model.intermediate_size=64", "train.global_batch_size=8"])
+  cfg.parallel.mesh = mesh
+  trainer = bert_spec.SPEC.make_trainer("tf", cfg, RunContext(seed=0, preset="tiny"))
+  trainer.dtype = "float64"
+  trainer.init()
+  return trainer
+
+
+def bert_weights(trainer, values=None):
+  """{flax path: whole value}; with `values`, assigns them first."""
+  model, out = trainer.model, {}
+  for path in model.flax_paths():
+    var = model.variable_at(path)
+    if values is not None:
+      var.assign_full(values[path]) if isinstance(var, mp.ShardedWeight) else var.assign(
+          values[path])
+    out[path] = var.full_value() if isinstance(var, mp.ShardedWeight) else var.numpy()
+  return out
+
+
+@pytest.mark.parametrize("mesh", ["data=1,model=2", "data=2,model=2"])
+def test_bert_model_parallel_with_lamb_equals_one_replica(mesh):
+  """Vocabulary-parallel MLM loss with the tied, split output bias; LAMB's trust ratios over
+  whole kernels (the shards' squares summed over model) and its global-norm clip over whole
+  and sharded gradients together (the tiny model's gradients exceed the clip norm 1.0)."""
+  one, sharded = bert_trainer("data=1"), bert_trainer(mesh)
+  assert sharded.model.vocab_parallel
+  start = bert_weights(one)
+  bert_weights(sharded, start)
+  expected = [one.train(1)["loss"] for _ in range(2)]
+  losses = [sharded.train(1)["loss"] for _ in range(2)]
+  np.testing.assert_allclose(losses, expected, rtol=RTOL)
+  assert_same(bert_weights(sharded), bert_weights(one))

@@ -236,14 +236,6 @@ def missing_data(cfg, data_dir) -> list[str]:
   return missing
 
 
-def check_framework(cfg, framework):
-  model = cfg.parallel.axes()["model"]
-  if framework == "tf" and model > 1:
-    raise UsageError(f"--mesh model={model}: the TF BERT has no Megatron layers yet (the "
-                     "Transformer's are in workloads/parallel/tf_model_parallel.py); allowed: "
-                     "model=1 in TF, a divisor of the heads in JAX")
-
-
 SPEC = WorkloadSpec(
     name="bert",
     mlperf_benchmark="bert",
@@ -254,7 +246,6 @@ SPEC = WorkloadSpec(
     mllog_hyperparameters=mllog_hyperparameters,
     derive=derive,
     mesh_axes=("data", "model"),
-    check_framework=check_framework,
     split_dims=lambda cfg: {"length": cfg.data.max_seq_length, "heads": cfg.model.num_heads,
                             "mlp": cfg.model.intermediate_size, "vocab": cfg.model.vocab_size},
     param_axes=PARAM_AXES,

@@ -2,6 +2,12 @@
 architecture, layer names and initialisation as jax_model.py, so parameters convert one to one
 (`load_flax_variables`) and the reference checkpoint loads through the same table
 (checkpoint.py). At the reference size: 336,226,108 parameters.
+
+With a runtime whose mesh has a model axis the layers are Megatron's (tf_model_parallel.py),
+as jax_model.py's layout: q/k/v and the intermediate dense column-parallel (heads, d_ff), the
+attention output and the output dense row-parallel, the word embedding and the MLM output bias
+vocabulary-parallel (the MLM logits are this replica's vocabulary shard); a dimension the axis
+does not divide stays whole. Without one, the layers are plain Keras layers.
 """
 import math
 
@@ -11,6 +17,7 @@ import keras
 from keras import layers, ops
 
 from workloads.bert import checkpoint
+from workloads.parallel import tf_model_parallel as mp
 
 LAYER_NORM_EPSILON = 1e-12
 MASK_ADDER = -10000.0
@@ -30,10 +37,19 @@ def gelu(x):
 
 
 class TransformerLayer(layers.Layer):
-  def __init__(self, hidden_size, num_heads, intermediate_size, dropout, init, **kwargs):
+  def __init__(self, hidden_size, num_heads, intermediate_size, dropout, init, runtime=None,
+               **kwargs):
     super().__init__(**kwargs)
-    dense = lambda units, name: layers.Dense(units, kernel_initializer=init, name=name,
-                                             dtype=self.dtype_policy)
+    parallel = {"query": "column", "key": "column", "value": "column",
+                "attention_output": "row", "intermediate": "column", "output": "row"}
+    if runtime is not None and runtime.model > 1:
+      dense = lambda units, name: mp.ParallelDense(
+          hidden_size if parallel[name] == "column" or name == "attention_output"
+          else intermediate_size, units, parallel[name], runtime, kernel_initializer=init,
+          name=name, dtype=self.dtype_policy)
+    else:
+      dense = lambda units, name: layers.Dense(units, kernel_initializer=init, name=name,
+                                               dtype=self.dtype_policy)
     norm = lambda name: layers.LayerNormalization(epsilon=LAYER_NORM_EPSILON, name=name,
                                                   dtype=self.dtype_policy)
     self.num_heads, self.hidden_size = num_heads, hidden_size
@@ -56,7 +72,7 @@ class TransformerLayer(layers.Layer):
   def call(self, x, attention_adder, training=False):
     batch, seq = ops.shape(x)[0], ops.shape(x)[1]
     head_dim = self.hidden_size // self.num_heads
-    split = lambda t: ops.reshape(t, (batch, seq, self.num_heads, head_dim))
+    split = lambda t: ops.reshape(t, (batch, seq, -1, head_dim))    # this replica's heads
     q, k, v = split(self.query(x)), split(self.key(x)), split(self.value(x))
     scores = ops.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(head_dim)   # in q's dtype
     # Keras casts float call arguments to the compute dtype (bf16 under mixed precision); the
@@ -64,8 +80,7 @@ class TransformerLayer(layers.Layer):
     acc = accumulation_dtype(self.dtype_policy)
     scores = ops.cast(scores, acc) + ops.cast(attention_adder, acc)[:, None, None, :]
     probs = ops.cast(self.dropout(ops.softmax(scores, axis=-1), training=training), v.dtype)
-    context = ops.reshape(ops.einsum("bhqk,bkhd->bqhd", probs, v),
-                          (batch, seq, self.hidden_size))
+    context = ops.reshape(ops.einsum("bhqk,bkhd->bqhd", probs, v), (batch, seq, -1))
     attended = self.dropout(self.attention_output(context), training=training)
     x = self.attention_LayerNorm(attended + x)
     out = self.dropout(self.output_dense(gelu(self.intermediate(x))), training=training)
@@ -76,9 +91,10 @@ class BertPretraining(keras.Model):
   """call(batch) -> (mlm_logits [B, P, V], nsp_logits [B, 2]), float32; `batch` holds
   input_ids, input_mask, segment_ids and masked_lm_positions."""
 
-  def __init__(self, model_cfg, dtype="float32", **kwargs):
+  def __init__(self, model_cfg, dtype="float32", runtime=None, **kwargs):
     super().__init__(name="bert", dtype=dtype, **kwargs)
     c = self.cfg = model_cfg
+    self.runtime = runtime
     init = keras.initializers.TruncatedNormal(stddev=c.initializer_range)
     acc = self.acc = accumulation_dtype(self.dtype_policy)
     embed = lambda count, name: layers.Embedding(count, c.hidden_size, embeddings_initializer=init,
@@ -87,29 +103,58 @@ class BertPretraining(keras.Model):
         units, activation=activation, kernel_initializer=init, name=name, dtype=self.dtype_policy)
     norm = lambda name: layers.LayerNormalization(epsilon=LAYER_NORM_EPSILON, name=name,
                                                   dtype=self.dtype_policy)
-    self.word_embeddings = embed(c.vocab_size, "word_embeddings")
+    split = runtime is not None and runtime.model > 1 and c.vocab_size % runtime.model == 0
+    # on a model axis: the word embedding and the MLM output bias split on the vocabulary
+    self.word_embeddings = (mp.ShardedWeight(runtime, "word_embeddings",
+                                             (c.vocab_size, c.hidden_size), 0,
+                                             init((c.vocab_size, c.hidden_size), dtype=acc), acc)
+                            if split else embed(c.vocab_size, "word_embeddings"))
     self.position_embeddings = embed(c.max_position_embeddings, "position_embeddings")
     self.token_type_embeddings = embed(c.type_vocab_size, "token_type_embeddings")
     for table in (self.word_embeddings, self.position_embeddings, self.token_type_embeddings):
-      table.build((None,))              # the tables are read directly below (tied, sliced)
+      if not split or table is not self.word_embeddings:
+        table.build((None,))            # the tables are read directly below (tied, sliced)
     self.embeddings_LayerNorm = norm("embeddings_LayerNorm")
     self.dropout = layers.Dropout(c.dropout, dtype=self.dtype_policy)
     self.encoder = [TransformerLayer(c.hidden_size, c.num_heads, c.intermediate_size, c.dropout,
-                                     init, name=f"layer_{i}", dtype=self.dtype_policy)
+                                     init, runtime, name=f"layer_{i}", dtype=self.dtype_policy)
                     for i in range(c.num_layers)]
     self.pooler = dense(c.hidden_size, "pooler", "tanh")
     self.nsp = dense(2, "nsp")
     self.mlm_transform = dense(c.hidden_size, "mlm_transform")
     self.mlm_LayerNorm = norm("mlm_LayerNorm")
-    self.mlm_output_bias = self.add_weight(shape=(c.vocab_size,), initializer="zeros",
-                                           name="mlm_output_bias", dtype=acc)
+    self.mlm_output_bias = (
+        mp.ShardedWeight(runtime, "mlm_output_bias", (c.vocab_size,), 0,
+                         np.zeros((c.vocab_size,)), acc) if split else
+        self.add_weight(shape=(c.vocab_size,), initializer="zeros", name="mlm_output_bias",
+                        dtype=acc))
+
+  def build(self, *args, **kwargs):
+    """Every weight is made in __init__ or by a sublayer on its first call."""
+    del args, kwargs
+    self.built = True
+
+  @property
+  def vocab_parallel(self):
+    """True when the MLM logits are this replica's vocabulary shard [..., V / model]."""
+    return mp.is_sharded(self.word_embeddings)
+
+  def _word_embeddings(self, ids):
+    if isinstance(self.word_embeddings, mp.ShardedWeight):
+      return mp.vocab_parallel_lookup(self.runtime, self.word_embeddings, ids)
+    return self.word_embeddings(ids)
+
+  def _word_table(self):
+    if isinstance(self.word_embeddings, mp.ShardedWeight):
+      return mp.read(self.word_embeddings, self.acc)
+    return self.word_embeddings.embeddings
 
   def call(self, batch, training=False):
     input_ids, segment_ids = batch["input_ids"], batch["segment_ids"]
     seq = ops.shape(input_ids)[1]
     # Reading a float32 variable inside a mixed_bfloat16 call autocasts it to bfloat16: sum
     # the embeddings in float32 (as the flax model does) by casting explicitly.
-    x = (self.word_embeddings(input_ids)
+    x = (self._word_embeddings(input_ids)
          + ops.cast(self.position_embeddings.embeddings, self.acc)[None, :seq]
          + self.token_type_embeddings(segment_ids))
     x = self.dropout(self.embeddings_LayerNorm(x), training=training)
@@ -119,9 +164,13 @@ class BertPretraining(keras.Model):
     nsp_logits = self.nsp(self.pooler(x[:, 0]))
     picked = ops.take_along_axis(x, ops.expand_dims(batch["masked_lm_positions"], -1), axis=1)
     picked = self.mlm_LayerNorm(gelu(self.mlm_transform(picked)))
-    table = ops.cast(self.word_embeddings.embeddings, picked.dtype)
+    if self.vocab_parallel:
+      picked = mp.copy_to_model(self.runtime, picked)
+    table = ops.cast(self._word_table(), picked.dtype)
     mlm_logits = ops.matmul(picked, ops.transpose(table))
-    mlm_logits = ops.cast(mlm_logits, self.acc) + ops.cast(self.mlm_output_bias, self.acc)
+    bias = (mp.read(self.mlm_output_bias, self.acc)
+            if isinstance(self.mlm_output_bias, mp.ShardedWeight) else self.mlm_output_bias)
+    mlm_logits = ops.cast(mlm_logits, self.acc) + ops.cast(bias, self.acc)
     return mlm_logits, ops.cast(nsp_logits, self.acc)
 
   # ------------------------------------------------------------------ by flax path
@@ -132,6 +181,8 @@ class BertPretraining(keras.Model):
     owner, leaf = path[:-1], path[-1]
     layer = (self.encoder[int(owner[0].split("_")[1])].sublayers()[owner[1]]
              if owner[0].startswith("layer_") else getattr(self, owner[0]))
+    if isinstance(layer, mp.ShardedWeight):              # the vocabulary-split word embedding
+      return layer
     name = {"embedding": "embeddings", "scale": "gamma",
             "bias": "beta" if isinstance(layer, layers.LayerNormalization) else "bias"}.get(leaf, leaf)
     return getattr(layer, name)
@@ -141,9 +192,16 @@ class BertPretraining(keras.Model):
     return [path for _, path, _ in checkpoint.tf1_variable_table(self.cfg.num_layers)]
 
 
-def build(model_cfg, seq_len=None, max_predictions=2, dtype="float32") -> BertPretraining:
-  """Creates the model and its variables (one call on a dummy batch)."""
-  model = BertPretraining(model_cfg, dtype=dtype)
+def build(model_cfg, seq_len=None, max_predictions=2, dtype="float32",
+          runtime=None) -> BertPretraining:
+  """Creates the model and its variables (one call on a dummy batch; on a model axis every
+  weight is made in __init__, and a call outside the replicas could not read the shards)."""
+  model = BertPretraining(model_cfg, dtype=dtype, runtime=runtime)
+  if runtime is not None and runtime.model > 1:
+    for layer in model._flatten_layers(include_self=False):  # pylint: disable=protected-access
+      if isinstance(layer, (layers.LayerNormalization, layers.Dense)) and not layer.built:
+        layer.build((None, model_cfg.hidden_size))    # every one of them reads hidden units
+    return model
   seq = seq_len or model_cfg.max_position_embeddings
   zeros = lambda *shape: np.zeros(shape, np.int32)
   model({"input_ids": zeros(1, seq), "input_mask": zeros(1, seq), "segment_ids": zeros(1, seq),
@@ -154,23 +212,28 @@ def build(model_cfg, seq_len=None, max_predictions=2, dtype="float32") -> BertPr
 def lamb_excluded_variables(model):
   """Biases, LayerNorm gamma/beta and the MLM output bias: no weight decay and no trust ratio
   (the reference's exclusion list), chosen by layer role."""
-  out = [model.mlm_output_bias]
+  out = [] if isinstance(model.mlm_output_bias, mp.ShardedWeight) else [model.mlm_output_bias]
   for layer in model._flatten_layers(include_self=False):
     if isinstance(layer, layers.LayerNormalization):
       out += [layer.gamma, layer.beta]
-    elif isinstance(layer, layers.Dense):
+    elif isinstance(layer, (layers.Dense, mp.ParallelDense)) and not isinstance(
+        layer.bias, mp.ShardedWeight):
       out.append(layer.bias)
   return out
 
 
 def load_flax_variables(model, params):
   """Copies flax params into the Keras model through the shared path table."""
-  copied = 0
+  copied = sharded = 0
   for path in model.flax_paths():
     value = params
     for key in path:
       value = value[key]
     var = model.variable_at(path)
+    if isinstance(var, mp.ShardedWeight):
+      var.assign_full(np.asarray(value).reshape(var.full_shape))
+      sharded += int(np.prod(var.full_shape))
+      continue
     var.assign(np.asarray(value, var.dtype).reshape(var.shape))
     copied += int(np.prod(var.shape))
   if copied != model.count_params():
@@ -182,8 +245,9 @@ def load_tf1_checkpoint(model, path):
   """Loads the reference TF1 checkpoint (e.g. model.ckpt-28252) into the model."""
   for ours, value in checkpoint.read_tf1_checkpoint(path, model.cfg.num_layers):
     var = model.variable_at(ours)
-    if tuple(var.shape) != value.shape:
+    shape = var.full_shape if isinstance(var, mp.ShardedWeight) else tuple(var.shape)
+    if tuple(shape) != value.shape:
       raise ValueError(f"checkpoint {path}: {ours} has shape {value.shape}, the model "
-                       f"{tuple(var.shape)}: the model config differs from bert_config.json")
-    var.assign(value)
+                       f"{tuple(shape)}: the model config differs from bert_config.json")
+    var.assign_full(value) if isinstance(var, mp.ShardedWeight) else var.assign(value)
   return model

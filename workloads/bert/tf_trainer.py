@@ -11,28 +11,39 @@ import tensorflow as tf
 
 from workloads.bert import input_pipeline, spec, tf_model
 from workloads.optim import tf_optimizers
+from workloads.parallel import tf_model_parallel as mp
 from workloads.parallel.tf_trainer_base import StrategyTrainer
 
 
-def pretraining_loss(mlm_logits, nsp_logits, batch, global_batch_size):
+def pretraining_loss(mlm_logits, nsp_logits, batch, global_batch_size, model=None):
   """This replica's share of the reference loss (jax_model.pretraining_loss on the global
-  batch): sum over replicas == the global loss."""
+  batch): sum over replicas == the global loss (on a model axis: the sum over each replica's
+  data peers; `model`'s MLM logits may be its vocabulary shard)."""
   replica = tf.distribute.get_replica_context()
-  nll = tf.nn.sparse_softmax_cross_entropy_with_logits(batch["masked_lm_ids"], mlm_logits)
+  runtime = getattr(model, "runtime", None)
+  if getattr(model, "vocab_parallel", False):
+    nll = mp.vocab_parallel_smoothed_cross_entropy(runtime, mlm_logits, batch["masked_lm_ids"],
+                                                   1.0, 0.0, 0.0)
+  else:
+    nll = tf.nn.sparse_softmax_cross_entropy_with_logits(batch["masked_lm_ids"], mlm_logits)
   weights = tf.cast(batch["masked_lm_weights"], nll.dtype)
   weight_sum = replica.all_reduce(tf.distribute.ReduceOp.SUM, tf.reduce_sum(weights))
+  if runtime is not None and runtime.model > 1:
+    weight_sum /= runtime.model             # every model peer counted the same positions
   mlm = tf.reduce_sum(weights * nll) / (weight_sum + 1e-5)
   nsp = tf.nn.sparse_softmax_cross_entropy_with_logits(batch["next_sentence_labels"], nsp_logits)
   return mlm + tf.reduce_sum(nsp) / global_batch_size
 
 
-def loss_and_grads(model, batch, global_batch_size, training=True):
+def loss_and_grads(model, batch, global_batch_size, training=True, watch=None):
   """Loss and dense gradients (the embedding lookups' IndexedSlices made dense: the tied word
-  embedding gets both a sparse and a dense contribution, and LAMB's norms want whole arrays)."""
+  embedding gets both a sparse and a dense contribution, and LAMB's norms want whole arrays).
+  `watch(tape)`: the variables to differentiate (default: the model's trainable ones)."""
   with tf.GradientTape() as tape:
+    variables = watch(tape) if watch else model.trainable_variables
     mlm_logits, nsp_logits = model(batch, training=training)
-    loss = pretraining_loss(mlm_logits, nsp_logits, batch, global_batch_size)
-  grads = tape.gradient(loss, model.trainable_variables)
+    loss = pretraining_loss(mlm_logits, nsp_logits, batch, global_batch_size, model)
+  grads = tape.gradient(loss, variables)
   return loss, [tf.convert_to_tensor(g) for g in grads]
 
 
@@ -51,11 +62,10 @@ class BertTrainer(StrategyTrainer):
     self.schedule = spec.schedule_for(cfg)
 
   def make_model(self, runtime):
-    """The model, or the reference checkpoint (BERT has no cross-replica layers)."""
-    del runtime
+    """The model (Megatron's layers on a model axis), or the reference checkpoint."""
     cfg = self.cfg
     model = tf_model.build(cfg.model, cfg.data.max_seq_length, cfg.data.max_predictions_per_seq,
-                           self.dtype)
+                           self.dtype, runtime)
     if cfg.data.init_checkpoint and cfg.data.source == "tfrecord":
       tf_model.load_tf1_checkpoint(model, input_pipeline.checkpoint_path(cfg, self.ctx))
     return model
@@ -66,10 +76,12 @@ class BertTrainer(StrategyTrainer):
     return optimizer, optimizer.learning_rate_schedule
 
   def loss_and_grads(self, batch):
-    return loss_and_grads(self.model, batch, self.cfg.train.global_batch_size)
+    return loss_and_grads(self.model, batch, self.cfg.train.global_batch_size,
+                          watch=self.watch_variables)
 
   def eval_step(self, batch):
-    mlm_logits, _ = self.model(batch, training=False)
+    with mp.gathered_weights(self.model.runtime):   # whole logits for the argmax
+      mlm_logits, _ = self.model(batch, training=False)
     return tf.stack(masked_lm_correct(mlm_logits, batch, batch["mask"]))
 
 

@@ -160,6 +160,13 @@ class StrategyTrainer:
       n = len(self.model.trainable_variables)
       whole = [g / rt.model for g in rt.all_sum(grads[:n])]
       shards = [rt.data_sum(g) for g in grads[n:]]
+      clip = getattr(self.optimizer, "global_clipnorm", None)
+      if clip:              # LAMB's global norm covers the shards too (the shards' squares
+        squares = tf.add_n([tf.reduce_sum(tf.square(g)) for g in whole])   # summed over model)
+        norm = tf.sqrt(squares + rt.model_sum(tf.add_n([tf.reduce_sum(tf.square(g))
+                                                        for g in shards])))
+        scale = clip * tf.minimum(1.0 / norm, 1.0 / tf.cast(clip, norm.dtype))
+        whole, shards = [g * scale for g in whole], [g * scale for g in shards]
       step = tf.cast(self.optimizer.iterations + 1, tf.int64)
       lr = self.optimizer.learning_rate               # at this step, before the update
       self.optimizer.apply(whole, self.model.trainable_variables)
