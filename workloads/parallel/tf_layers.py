@@ -59,6 +59,22 @@ class HaloPad(layers.Layer):
             w + sum(self.cols) if w is not None else None, c)
 
 
+class SpatialGather(layers.Layer):
+  """The whole image's rows on every replica of a spatial group (tf_runtime.spatial_gather):
+  for the layers whose rows are too few to split (SSD's extra layers and heads)."""
+
+  def __init__(self, runtime, **kwargs):
+    super().__init__(**kwargs)
+    self.runtime = runtime
+
+  def call(self, x):
+    return self.runtime.spatial_gather(x)
+
+  def compute_output_shape(self, shape):
+    b, h, w, c = shape
+    return (b, h * self.runtime.spatial if h is not None else None, w, c)
+
+
 class SpatialGlobalAveragePool(layers.Layer):
   """Mean over H and W of the whole image: the slab sums added over the spatial group."""
 

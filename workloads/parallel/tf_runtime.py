@@ -167,6 +167,14 @@ class StrategyRuntime:
   def spatial_index(self):
     return self.replica_id() % self.spatial
 
+  def spatial_gather(self, x):
+    """A row slab [N, h, W, C] -> the whole image's rows [N, spatial * h, W, C] on every
+    replica of the spatial group (its gradient: each slab's rows of the summed gradients)."""
+    if self.spatial == 1:
+      return x
+    stacked = self.group_sum(_as_row(x, self.spatial_index(), self.spatial), self.spatial)
+    return tf.concat(tf.unstack(stacked), axis=1)
+
   def model_index(self):
     """This replica's coordinate on the model axis (harness.mesh.MESH_ORDER), a tensor."""
     return (self.replica_id() // self.spatial) % self.model

@@ -260,11 +260,16 @@ def mllog_hyperparameters(cfg, train_examples: int) -> dict:
 
 
 def check_framework(cfg, framework):
-  spatial = cfg.parallel.axes()["spatial"]
-  if framework == "tf" and spatial > 1:
-    raise UsageError(f"--mesh spatial={spatial}: the TF SSD has no halo-exchange layout "
-                     "(its extra layers' 5->3->1 rows do not split); allowed: spatial=1 in TF, "
-                     "any divisor of the image rows in JAX")
+  """TF splits the backbone's rows into equal slabs at every stride (halo exchange), then
+  gathers the backbone's map whole for the extra layers and heads (whose 5 -> 3 -> 1 rows at
+  300 px would not split): the image rows must divide by spatial x the backbone's stride."""
+  spatial, size = cfg.parallel.axes()["spatial"], cfg.data.image_size
+  unit = spatial * 2 ** len(cfg.model.backbone_blocks)
+  if framework == "tf" and spatial > 1 and size % unit:
+    raise UsageError(f"--mesh spatial={spatial}: the TF SSD splits every backbone stride into "
+                     f"equal slabs, so data.image_size={size} must be a multiple of {unit} "
+                     f"(spatial x the backbone's stride); allowed: such a size in TF (the mini "
+                     "preset's 64), any size in JAX (XLA pads the slabs)")
 
 
 def missing_data(cfg, data_dir) -> list[str]:

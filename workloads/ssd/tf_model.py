@@ -1,7 +1,11 @@
 """SSD300-ResNet34 in Keras 3: the same architecture, names (flax paths joined by '_'),
 initialisation and output layout as jax_model.py, so weights convert one to one
 (`load_flax_variables`). Given a tf_runtime.StrategyRuntime with several replicas, batch norm
-pools statistics over replica groups (workloads/parallel/tf_layers.py).
+pools statistics over replica groups (workloads/parallel/tf_layers.py). Under spatial
+partitioning each replica's backbone computes its slab of rows (halo exchange at every padded
+conv, statistics over the slabs), and the backbone's map is gathered whole for the extra layers
+and heads, which every replica of the spatial group then computes alike (the loss counts each
+image once: tf_trainer divides by the spatial size).
 """
 import numpy as np
 import keras
@@ -60,7 +64,8 @@ def ssd(cfg, dtype="float32", runtime=None):
   m, size = cfg.model, cfg.data.image_size
   lay = tf_layers.RuntimeLayers(runtime, dtype, bn_momentum=m.bn_momentum, bn_epsilon=1e-5)
   io_dtype = "float64" if dtype == "float64" else "float32"
-  inputs = keras.Input((size, size, 3), dtype=io_dtype)
+  spatial = runtime.spatial if runtime is not None else 1
+  inputs = keras.Input((size // spatial, size, 3), dtype=io_dtype)   # this replica's row slab
   x = _conv(m.backbone_width, 7, 2, "conv1", dtype)(lay.pad(3)(inputs))
   x = layers.ReLU(dtype=dtype)(lay.bn("bn1")(x))
   # torchvision pads the max pool with -inf; after a ReLU, zero padding gives the same maxima
@@ -73,6 +78,8 @@ def ssd(cfg, dtype="float32", runtime=None):
       project = b == 0 and (strides != 1 or channels != filters)
       x = _basic_block(x, filters, strides, project, f"layer{i + 1}_{b}", lay)
       channels = filters
+  if spatial > 1:             # the extra layers' few rows do not split: the whole map on each
+    x = tf_layers.SpatialGather(runtime, dtype=dtype)(x)
   maps = [x]
   for i, (middle, out, stride, pad) in enumerate(spec.extra_layers(m)):
     x = layers.ReLU(dtype=dtype)(_head_conv(x, middle, 1, 1, 0, f"extra{i}_conv1", dtype))
