@@ -1,6 +1,6 @@
 """Model-parallel mini runs through the command line, as a user starts them: the Transformer on
 data=2,model=4 (8 simulated devices) and BERT on data=2,model=2 (4), in JAX and TF, reach
-their mini targets, the row records the layout, and the log passes the official checker."""
+their mini targets (and SSD in TF on data=1,spatial=2), the row records the layout, and the log passes the official checker."""
 import json
 
 import pandas as pd
@@ -11,7 +11,8 @@ pytestmark = pytest.mark.slow
 RUNS = [("jax", "transformer", "8", "data=2,model=4", 85.0),
         ("tf", "transformer", "8", "data=2,model=4", 85.0),
         ("jax", "bert", "4", "data=2,model=2", 0.6),
-        ("tf", "bert", "4", "data=2,model=2", 0.6)]
+        ("tf", "bert", "4", "data=2,model=2", 0.6),
+        ("tf", "ssd", "2", "data=1,spatial=2", 0.35)]      # the same runtime's replica coordinates
 
 
 @pytest.mark.parametrize("framework,workload,devices,layout,target", RUNS)
