@@ -334,9 +334,10 @@ def _print_layout(info, batch):
         f"{kind} over {axes}: {tensors} tensors in {ops} ops, {nbytes:,} bytes"
         for (kind, axes), (ops, tensors, nbytes) in sorted(found.items())) or "none"))
   elif "collectives_in_train_step" in info:
-    kinds = info["collectives_in_train_step"]
-    print("collectives in the step:  " + (", ".join(f"{k} {v}" for k, v in sorted(kinds.items()))
-                                         or "none"))
+    kinds, nbytes = info["collectives_in_train_step"], info.get("collective_bytes_in_train_step")
+    print("collectives in the step:  " + (", ".join(
+        f"{k} {v}" + (f" ({nbytes[k]:,} bytes)" if nbytes and nbytes.get(k) else "")
+        for k, v in sorted(kinds.items())) or "none"))
   elif "layout" in info:
     print("collectives in the step:  not compiled: the mesh has more devices than this machine")
 

@@ -235,10 +235,10 @@ def check_fits(parallel: ParallelConfig, *, framework: str, workload: str,
       raise UsageError(f"{flag}{axes[axis]} does not divide the {logical} size {size}; "
                        f"allowed: a divisor of {size}")
   if framework == "tf" and axes["model"] > 1 and (
-      parallel.weight_update_sharding or parallel.num_processes > 1 or axes["spatial"] > 1):
+      parallel.num_processes > 1 or axes["spatial"] > 1):
     raise UsageError(f"--mesh model={axes['model']} in TF: its runtime splits weights on one "
-                     "host, without --weight-update-sharding or spatial partitioning; allowed: "
-                     "those in JAX, or data=D,model=M on one TF host")
+                     "host, without spatial partitioning; allowed: those in JAX, or "
+                     "data=D,model=M on one TF host")
   if axes["spatial"] > 1 and parallel.bn_group_size and parallel.bn_group_size != data:
     raise UsageError("--bn-group-size with --spatial-partitions > 1: grouped batch norm runs "
                      "only without spatial partitioning; allowed: --bn-group-size 0 (all)")

@@ -27,8 +27,10 @@ def tiny_config(mesh, vocab=48, source="synthetic"):
   return cfg
 
 
-def float64_trainer(mesh, vocab=48, source="synthetic", data_dir=None):
-  trainer = spec.SPEC.make_trainer("tf", tiny_config(mesh, vocab, source),
+def float64_trainer(mesh, vocab=48, source="synthetic", data_dir=None, wus=False):
+  cfg = tiny_config(mesh, vocab, source)
+  cfg.parallel.weight_update_sharding = wus
+  trainer = spec.SPEC.make_trainer("tf", cfg,
                                    RunContext(seed=0, preset="tiny", data_dir=data_dir))
   trainer.dtype = "float64"
   trainer.init()
@@ -94,18 +96,22 @@ def one_replica():
 TRAINERS = {}
 
 
-def model_parallel(mesh):
+def model_parallel(mesh, wus=False):
   """One trainer per mesh for the module (building and tracing 8 replicas is most of a test)."""
-  if mesh not in TRAINERS:
-    trainer = TRAINERS[mesh] = float64_trainer(mesh)
+  if (mesh, wus) not in TRAINERS:
+    trainer = TRAINERS[mesh, wus] = float64_trainer(mesh, wus=wus)
     # the collectives its init traced (one train step), before other tests trace more
     trainer.traced_calls = dict(trainer.runtime.collective_calls)
-  return TRAINERS[mesh]
+    trainer.traced_bytes = dict(trainer.runtime.collective_bytes)
+  return TRAINERS[mesh, wus]
 
 
-@pytest.mark.parametrize("mesh", ["data=1,model=2", "data=2,model=2", "data=2,model=4"])
-def test_transformer_model_parallel_equals_one_replica(one_replica, mesh):
-  sharded = model_parallel(mesh)
+@pytest.mark.parametrize("mesh,wus", [("data=1,model=2", False), ("data=2,model=2", False),
+                                      ("data=2,model=4", False), ("data=2,model=2", True)])
+def test_transformer_model_parallel_equals_one_replica(one_replica, mesh, wus):
+  """With weight-update sharding the whole weights' update is split over every replica and
+  each shard's over its data peers."""
+  sharded = model_parallel(mesh, wus)
   copy_weights(one_replica, sharded)
   start = whole_weights(one_replica)
   assert_same(summed_gradients(sharded), summed_gradients(one_replica))
@@ -135,6 +141,10 @@ def test_each_replica_holds_only_its_shard_and_shard_gradients_stay_off_model():
   # whole-tensor norms are none here: Adam); the model axis carries activations only
   calls = {k: v // rt.num_replicas for k, v in trainer.traced_calls.items()}
   assert calls["all_reduce_over_data"] == len(rt.sharded_weights) == 1 + 3 * 4 + 2 * 3
+  nbytes = {k: v // rt.num_replicas for k, v in trainer.traced_bytes.items()}
+  assert nbytes["all_reduce_over_data"] == sum(w.bytes_per_replica() for w in rt.sharded_weights)
+  # over `model`: activations (local batch 4 x 12 positions x 32) and smaller, never a weight
+  assert nbytes["all_reduce_over_model"] <= calls["all_reduce_over_model"] * 4 * 12 * 32 * 8
   info = trainer.describe()
   whole_bytes = sum(int(np.prod(v.shape)) * 8 for v in trainer.model.trainable_variables)
   assert info["parameter_bytes_per_device"] == whole_bytes + sum(
@@ -156,12 +166,12 @@ def test_beam_search_eval_of_a_model_parallel_transformer_scores_the_same(tmp_pa
   assert result_sharded == result_one and result_one["count"] == one.cfg.data.eval_examples
 
 
-def bert_trainer(mesh):
+def bert_trainer(mesh, wus=False):
   from workloads.bert import spec as bert_spec   # pylint: disable=import-outside-toplevel
   cfg = bert_spec.SPEC.configure("tiny", [
       "train.jit_compile=false", "data.source=synthetic", "model.hidden_size=32",
       "model.num_heads=4", "model.intermediate_size=64", "train.global_batch_size=8"])
-  cfg.parallel.mesh = mesh
+  cfg.parallel.mesh, cfg.parallel.weight_update_sharding = mesh, wus
   trainer = bert_spec.SPEC.make_trainer("tf", cfg, RunContext(seed=0, preset="tiny"))
   trainer.dtype = "float64"
   trainer.init()
@@ -180,12 +190,14 @@ def bert_weights(trainer, values=None):
   return out
 
 
-@pytest.mark.parametrize("mesh", ["data=1,model=2", "data=2,model=2"])
-def test_bert_model_parallel_with_lamb_equals_one_replica(mesh):
+@pytest.mark.parametrize("mesh,wus", [("data=1,model=2", False), ("data=2,model=2", False),
+                                      ("data=2,model=2", True)])
+def test_bert_model_parallel_with_lamb_equals_one_replica(mesh, wus):
   """Vocabulary-parallel MLM loss with the tied, split output bias; LAMB's trust ratios over
-  whole kernels (the shards' squares summed over model) and its global-norm clip over whole
-  and sharded gradients together (the tiny model's gradients exceed the clip norm 1.0)."""
-  one, sharded = bert_trainer("data=1"), bert_trainer(mesh)
+  whole kernels (the shards' squares summed over model, and with weight-update sharding over
+  the data peers' slices too) and its global-norm clip over whole and sharded gradients
+  together (the tiny model's global gradient norm is 2.19, over the clip norm 1.0)."""
+  one, sharded = bert_trainer("data=1"), bert_trainer(mesh, wus)
   assert sharded.model.vocab_parallel
   start = bert_weights(one)
   bert_weights(sharded, start)
@@ -193,3 +205,37 @@ def test_bert_model_parallel_with_lamb_equals_one_replica(mesh):
   losses = [sharded.train(1)["loss"] for _ in range(2)]
   np.testing.assert_allclose(losses, expected, rtol=RTOL)
   assert_same(bert_weights(sharded), bert_weights(one))
+
+
+def test_tf_model_parallel_equals_jax_on_the_same_weights():
+  """The flax model's float64 weights loaded into the TF model on data=2,model=2: the same
+  loss and gradients (TF's assembled from the replicas' shards) as JAX on one device."""
+  import jax                                       # pylint: disable=import-outside-toplevel
+  import jax.numpy as jnp                          # pylint: disable=import-outside-toplevel
+  from workloads.transformer import jax_model, jax_trainer, tf_model  # pylint: disable=import-outside-toplevel
+  trainer = float64_trainer("data=2,model=2")
+  batch = {k: v.numpy() for k, v in next(iter(trainer.train_dataset(0, 1))).items()}
+  cfg = trainer.cfg
+  with jax.enable_x64(True):
+    flax_model = jax_model.from_config(cfg.model, jnp.float64)
+    ids = jnp.zeros((1, cfg.data.max_length), jnp.int32)
+    params = jax.tree.map(lambda p: jnp.asarray(p, jnp.float64),
+                          flax_model.init(jax.random.key(3), ids, ids)["params"])
+    loss_fn = lambda p: jax_trainer.loss_fn(p, flax_model.apply, batch,
+                                            cfg.optimizer.label_smoothing)[0]
+    jax_loss, jax_grads = jax.value_and_grad(loss_fn)(params)
+    jax_grads = jax.tree.map(np.asarray, jax_grads)
+  tf_model.load_flax_variables(trainer.model, jax.tree.map(np.asarray, params))
+  rt = trainer.runtime
+  iterator = trainer._distributed(                       # pylint: disable=protected-access
+      lambda i, n: tf.data.Dataset.from_tensors(batch).repeat(), 8)
+  losses = tf.function(lambda: trainer.strategy.run(
+      lambda b: trainer.loss_and_grads(b)[0], args=(next(iterator),)))()
+  tf_loss = sum(v.numpy() for v in trainer.strategy.experimental_local_results(losses)) / rt.model
+  np.testing.assert_allclose(tf_loss, float(jax_loss), rtol=RTOL)
+  for path, grad in summed_gradients(trainer).items():
+    expected = jax_grads
+    for key in path:
+      expected = expected[key]
+    np.testing.assert_allclose(grad.reshape(expected.shape), expected, rtol=RTOL, atol=1e-13,
+                               err_msg=str(path))

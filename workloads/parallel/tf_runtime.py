@@ -140,13 +140,11 @@ class StrategyRuntime:
     self.data, self.spatial = data, spatial
     self.bn_group_size = group * spatial            # replicas pooling batch-norm statistics
     self.weight_update_sharding = parallel.weight_update_sharding and self.num_replicas > 1
-    if self.model > 1 and self.weight_update_sharding:
-      raise ValueError("--weight-update-sharding with a model axis: the tf runtime shards the "
-                       "update of data-parallel runs only; allowed: one of them (JAX runs both)")
     self.sharded_weights = []       # tf_model_parallel.ShardedWeight, made by the model's layers
     # tf.distribute collectives issued by the traced step, by kind (those of their
     # gradients, which tf.distribute adds in the backward pass, not counted)
     self.collective_calls = {}
+    self.collective_bytes = {}
 
   @property
   def distributed(self):
@@ -157,8 +155,12 @@ class StrategyRuntime:
     return self.shape.description
 
   # ------------------------------------------------------------------ replica-context collectives
-  def _count(self, kind):
+  def _count(self, kind, x=None):
+    """At trace time: one collective of `kind` and the bytes it reduces (static shapes)."""
     self.collective_calls[kind] = self.collective_calls.get(kind, 0) + 1
+    nbytes = sum(int(np.prod(t.shape)) * t.dtype.size for t in tf.nest.flatten(x)
+                 if t.shape.is_fully_defined())
+    self.collective_bytes[kind] = self.collective_bytes.get(kind, 0) + nbytes
 
   @staticmethod
   def replica_id():
@@ -175,13 +177,23 @@ class StrategyRuntime:
     stacked = self.group_sum(_as_row(x, self.spatial_index(), self.spatial), self.spatial)
     return tf.concat(tf.unstack(stacked), axis=1)
 
+  def data_index(self):
+    """This replica's coordinate on the data axis (harness.mesh.MESH_ORDER), a tensor."""
+    return self.replica_id() // (self.spatial * self.model)
+
+  @staticmethod
+  def as_row(x, index, rows):
+    """x as row `index` of an otherwise zero [rows, ...] tensor (summed over the replicas that
+    fill different rows: their x stacked)."""
+    return _as_row(x, index, rows)
+
   def model_index(self):
     """This replica's coordinate on the model axis (harness.mesh.MESH_ORDER), a tensor."""
     return (self.replica_id() // self.spatial) % self.model
 
   def model_sum(self, x):
     """Sum over this replica's model peers (the `model` consecutive replicas of its group)."""
-    self._count("all_reduce_over_model")
+    self._count("all_reduce_over_model", x)
     return self.group_sum(x, self.model)
 
   def model_gather(self, x):
@@ -196,14 +208,14 @@ class StrategyRuntime:
       return self.all_sum(x)
     if self.data == 1:
       return x
-    self._count("all_reduce_over_data")
+    self._count("all_reduce_over_data", x)
     m = self.model_index()
     return _row(tf.distribute.get_replica_context().all_reduce(SUM, _as_row(x, m, self.model)), m)
 
   def all_sum(self, x):
     if not self.distributed:
       return x
-    self._count("all_reduce")
+    self._count("all_reduce", x)
     return tf.distribute.get_replica_context().all_reduce(SUM, x)
 
   def all_gather(self, x):
@@ -214,7 +226,7 @@ class StrategyRuntime:
     instance"); all_reduce goes through merge_call, which orders them."""
     if not self.distributed:
       return x
-    self._count("all_gather")
+    self._count("all_gather", x)
     n = self.num_replicas
     gathered = tf.distribute.get_replica_context().all_reduce(
         SUM, _as_row(x, self.replica_id(), n))
@@ -314,6 +326,8 @@ class ShardedUpdate:
     self.runtime, self.variables, self.optimizer = runtime, variables, optimizer
     self.rule, slot_names = optimizer.flat_update_rule()
     self.schedule = schedule
+    # the variables' own dtype (float32, or float64 in the equality tests)
+    self.dtype = tf.as_dtype(variables[0].dtype) if variables else tf.float32
     n = runtime.num_replicas
     sizes = [int(np.prod(v.shape)) for v in variables]
     self.total = sum(sizes)
@@ -324,17 +338,18 @@ class ShardedUpdate:
     self.layer_ids = tf.constant(np.pad(layer, (0, padded - self.total),
                                         constant_values=len(variables)), tf.int32)
     mask = np.repeat([float(optimizer._use_weight_decay(v)) for v in variables], sizes)  # pylint: disable=protected-access
-    self.decay_mask = tf.constant(np.pad(mask, (0, padded - self.total)), tf.float32)
+    self.decay_mask = tf.constant(np.pad(mask, (0, padded - self.total)), self.dtype)
     on_read = dict(synchronization=tf.VariableSynchronization.ON_READ,
                    aggregation=tf.VariableAggregation.SUM, trainable=False)
     with runtime.strategy.scope():
-      self.slots = {name: tf.Variable(tf.zeros([self.shard]), name=f"wus_{name}", **on_read)
+      self.slots = {name: tf.Variable(tf.zeros([self.shard], self.dtype), name=f"wus_{name}",
+                                      **on_read)
                     for name in slot_names}
       self.iterations = tf.Variable(0, dtype=tf.int64, trainable=False, name="wus_iterations",
                                     aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
 
   def _flat(self, tensors):
-    flat = tf.concat([tf.reshape(tf.cast(t, tf.float32), [-1]) for t in tensors], 0)
+    flat = tf.concat([tf.reshape(tf.cast(t, self.dtype), [-1]) for t in tensors], 0)
     return tf.pad(flat, [[0, self.shard * self.runtime.num_replicas - self.total]])
 
   def _slice(self, flat):
@@ -353,7 +368,7 @@ class ShardedUpdate:
       return tf.gather(tf.sqrt(sums), ids)
 
     step = self.iterations + 1
-    lr = tf.cast(self.schedule(self.iterations), tf.float32)
+    lr = tf.cast(self.schedule(self.iterations), self.dtype)
     slots = {name: var.read_value() for name, var in self.slots.items()}
     new_w, new_slots = self.rule(w, g, slots, lr, step, mask, layer_norm)
     for name, value in new_slots.items():
@@ -367,4 +382,4 @@ class ShardedUpdate:
       offset += size
 
   def state_bytes_per_replica(self):
-    return 4 * self.shard * len(self.slots)
+    return self.dtype.size * self.shard * len(self.slots)

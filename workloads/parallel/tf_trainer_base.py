@@ -167,9 +167,14 @@ class StrategyTrainer:
                                                         for g in shards])))
         scale = clip * tf.minimum(1.0 / norm, 1.0 / tf.cast(clip, norm.dtype))
         whole, shards = [g * scale for g in whole], [g * scale for g in shards]
-      step = tf.cast(self.optimizer.iterations + 1, tf.int64)
-      lr = self.optimizer.learning_rate               # at this step, before the update
-      self.optimizer.apply(whole, self.model.trainable_variables)
+      if self.sharded is not None:          # weight-update sharding of the whole weights too
+        step = self.sharded.iterations + 1
+        lr = self.sharded.schedule(self.sharded.iterations)
+        self.sharded.apply(whole)
+      else:
+        step = tf.cast(self.optimizer.iterations + 1, tf.int64)
+        lr = self.optimizer.learning_rate             # at this step, before the update
+        self.optimizer.apply(whole, self.model.trainable_variables)
       self.model_update.apply(shards, step, lr)
       return loss / rt.model
     grads = rt.all_sum(grads)                  # summed over replicas, before any clipping
@@ -306,11 +311,14 @@ class StrategyTrainer:
     out["optimizer_state_bytes_per_device"] = (
         self.sharded.state_bytes_per_replica() if self.sharded is not None else
         int(sum(np.prod(v.shape) * np.dtype(v.dtype).itemsize for v in self.optimizer.variables
-                if v is not self.optimizer.iterations)))
+                if v is not self.optimizer.iterations))) + (
+        self.model_update.state_bytes_per_replica() if self.model_update is not None else 0)
     if self.runtime.collective_calls:     # counted while tracing, once per replica
       n = self.runtime.num_replicas
       out["collectives_in_train_step"] = {k: v // n for k, v in
                                           self.runtime.collective_calls.items()}
+      out["collective_bytes_in_train_step"] = {k: v // n for k, v in
+                                               self.runtime.collective_bytes.items()}
     return out
 
 
