@@ -95,6 +95,23 @@ def cli():
   return run_cli
 
 
+def run_to_target(cli, tmp_path, framework, workload, devices, layout, target):
+  """`run WORKLOAD` on a layout to its mini target: success, the layout in the row, a log the
+  official checker passes (the model-parallel end-to-end files)."""
+  import pandas as pd  # pylint: disable=import-outside-toplevel
+  results_csv = tmp_path / "results.csv"
+  proc = cli("run", workload, "--framework", framework, "--seed", "0", "--cpu-devices", devices,
+             "--mesh", layout, "--results", str(results_csv), "--log-dir",
+             str(tmp_path / "logs"), "--data-dir", str(tmp_path / "data"))
+  assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+  row = pd.read_csv(results_csv).iloc[0]
+  assert row["status"] == "success" and row["mesh"] == layout
+  assert row["num_devices"] == int(devices)
+  assert row["final_metric"] >= row["target"] == target
+  check = cli("check", row["log_path"])
+  assert check.returncode == 0 and "PASSED" in check.stdout, check.stdout
+
+
 @pytest.fixture(scope="module")
 def jax_float64():
   """JAX in float64 for one module (the TF<->JAX parity tests), not for the whole session."""
@@ -173,12 +190,13 @@ def assert_same_saved_run(multi_path, one_path, count):
 # most tests first: the end-to-end files, two to eleven tests each, started last and the last of
 # them ran alone while the other workers idled). Files not listed follow, in collection order.
 LONG_FILES = (
+    "tests/parallel/test_tf_model_parallel_end_to_end.py",
+    "tests/parallel/test_tf_model_parallel.py",
     "tests/parallel/test_model_parallel_end_to_end.py",
     "tests/ssd/test_ssd_end_to_end.py",
     "tests/resnet/test_resnet_end_to_end.py",
     "tests/efficientnet/test_efficientnet_end_to_end.py",
     "tests/parallel/test_tf_distributed.py",
-    "tests/parallel/test_tf_model_parallel.py",
     "tests/transformer/test_transformer_end_to_end.py",
     "tests/bert/test_bert_end_to_end.py",
     "tests/efficientnet/test_efficientnet_distributed.py",

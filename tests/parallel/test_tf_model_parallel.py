@@ -107,7 +107,8 @@ def model_parallel(mesh, wus=False):
 
 
 @pytest.mark.parametrize("mesh,wus", [("data=1,model=2", False), ("data=2,model=2", False),
-                                      ("data=2,model=4", False), ("data=2,model=2", True)])
+                                      ("data=1,model=4", False), ("data=2,model=4", False),
+                                      ("data=2,model=2", True)])
 def test_transformer_model_parallel_equals_one_replica(one_replica, mesh, wus):
   """With weight-update sharding the whole weights' update is split over every replica and
   each shard's over its data peers."""
