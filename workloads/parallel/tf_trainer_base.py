@@ -14,6 +14,12 @@ the optimizer (or, with weight-update sharding, tf_runtime.ShardedUpdate) applie
 `train(n)` runs n steps inside one tf.function (a tf.range loop over the distributed
 iterator), so the host syncs once per call.
 
+On a model axis (tf_model_parallel.py) the model's layers make sharded weights; the step
+differentiates them beside the Keras weights (`watch_variables`), sums a shard's gradient over
+its data peers and a whole weight's over all replicas divided by the model size (model peers
+see the same examples), clips both by one global norm where the optimizer clips, and updates
+the shards with tf_model_parallel.ShardedWeightsUpdate.
+
 Evaluation runs in three phases, as in jax_trainer_base.py: `eval_step(batch)` per replica;
 `accumulate(acc, outputs)`; `finalize(acc)`. By default eval_step returns [correct, counted],
 the whole eval split runs in one tf.function summing them over replicas (one host sync), and
