@@ -24,10 +24,11 @@ class CrossReplicaBatchNorm(layers.BatchNormalization):
     rt = self.runtime
     if not training or not rt.distributed:
       return super().call(inputs, training=training, mask=mask)
-    x = tf.cast(inputs, tf.float32)
+    # statistics in float32 (float64 for a float64 model: the equality tests)
+    x = tf.cast(inputs, tf.float64 if inputs.dtype == tf.float64 else tf.float32)
     axes = list(range(x.shape.rank - 1))
     group = rt.bn_group_size
-    count = rt.group_sum(tf.cast(tf.reduce_prod(tf.shape(x)[:-1]), tf.float32), group)
+    count = rt.group_sum(tf.cast(tf.reduce_prod(tf.shape(x)[:-1]), x.dtype), group)
     mean = rt.group_sum(tf.reduce_sum(x, axes), group) / count
     variance = rt.group_sum(tf.reduce_sum(tf.square(x - mean), axes), group) / count
     if group == rt.num_replicas:

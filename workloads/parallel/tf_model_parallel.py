@@ -29,6 +29,8 @@ import numpy as np
 import tensorflow as tf
 from keras import layers, ops
 
+from harness import mesh as mesh_lib
+
 ON_READ = dict(synchronization=tf.VariableSynchronization.ON_READ,
                aggregation=tf.VariableAggregation.SUM, trainable=False)
 # MirroredStrategy traces each replica's function in its own thread, at the same time: the
@@ -51,8 +53,8 @@ class ShardedWeight:
     if full_shape[dim] % model:
       raise ValueError(f"{name}: dimension {dim} ({full_shape[dim]}) does not split over "
                        f"model={model}")
-    shape = list(full_shape)
-    shape[dim] //= model
+    layout = tuple("model" if i == dim else None for i in range(len(full_shape)))
+    shape = mesh_lib.shard_shape(full_shape, layout, runtime.shape)
     with runtime.strategy.scope():
       self.variable = tf.Variable(tf.zeros(shape, dtype), name=name, **ON_READ)
     self.assign_full(initial_value)

@@ -28,6 +28,7 @@ def ssd_loss_sum(locs, logits, gt_offsets, gt_labels, neg_ratio=3):
   """jax_trainer.ssd_loss summed (not averaged) over this replica's images."""
   positive = gt_labels > 0
   pos = tf.cast(positive, locs.dtype)
+  gt_offsets = tf.cast(gt_offsets, locs.dtype)     # float64 models (the equality tests)
   num_pos = tf.reduce_sum(pos, 1)
   loc_loss = tf.reduce_sum(tf.reduce_sum(smooth_l1(locs - gt_offsets), -1) * pos, 1)
   con = tf.nn.sparse_softmax_cross_entropy_with_logits(gt_labels, logits)
