@@ -187,7 +187,8 @@ def _workload_config(args):
   cfg = spec.configure(args.preset, overrides)
   mesh.check_fits(cfg.parallel, framework=args.framework, workload=spec.name,
                   workload_axes=spec.mesh_axes, global_batch_size=cfg.train.global_batch_size,
-                  dims=spec.split_dims(cfg), devices=args.cpu_devices)
+                  dims=spec.split_dims(cfg), devices=args.cpu_devices,
+                  layers=spec.pipeline_layers(cfg) if spec.pipeline_layers else None)
   try:
     spec.check_framework(cfg, args.framework)
   except ValueError as e:

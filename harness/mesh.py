@@ -15,6 +15,7 @@ import dataclasses
 import math
 import re
 
+from harness import pipeline
 from harness.errors import UsageError
 
 AXES = ("data", "model", "stage", "expert", "spatial")
@@ -40,10 +41,9 @@ LOGICAL_AXIS_RULES = (
 LOGICAL_AXES = tuple(name for name, _ in LOGICAL_AXIS_RULES)
 
 # The mesh axes each framework runtime executes today (workloads/parallel/*_runtime.py check
-# that they agree). Stage and expert parallelism arrive with the GPipe / MoE issues, the TF
-# model axis with its Megatron-style layers; until then a mesh that uses them is a one-line
-# error before any framework loads.
-RUNTIME_AXES = {"jax": ("data", "model", "spatial"), "tf": ("data", "model", "spatial")}
+# that they agree). Expert parallelism arrives with the MoE issue, TF's stage axis after JAX's;
+# until then a mesh that uses them is a one-line error before any framework loads.
+RUNTIME_AXES = {"jax": ("data", "model", "stage", "spatial"), "tf": ("data", "model", "spatial")}
 
 # Device order on the mesh, major to minor: device (or TF replica) r has coordinates
 # r = (((data * stage + s) * expert + e) * model + m) * spatial + j. Spatial slabs of one image
@@ -65,6 +65,9 @@ class ParallelConfig:
   num_processes: int = 1
   process_id: int = 0
   heartbeat_timeout_s: int = 30       # a peer silent this long ends the run with an error
+  microbatches: int = 1               # GPipe: micro-batches per data replica's batch
+  remat: bool = False                 # GPipe: recompute each stage's forward in the backward
+  stage_layers: str = ""              # GPipe: layers per stage ("5,4,4,3"); "": balanced
 
   def axes(self) -> dict[str, int]:
     """{axis: size} for every named axis; data = 0 means 'all remaining devices'."""
@@ -87,6 +90,7 @@ class ParallelConfig:
     in_range(self, "num_processes", 1, None)
     in_range(self, "process_id", 0, self.num_processes - 1)
     in_range(self, "heartbeat_timeout_s", 1, None)
+    in_range(self, "microbatches", 1, None)
     data = self.axes()["data"]
     if data and self.bn_group_size and data % self.bn_group_size:
       raise UsageError(f"--bn-group-size {self.bn_group_size} does not divide the data axis "
@@ -197,10 +201,12 @@ def check_workload_axes(shape: MeshShape, workload: str, workload_axes):
 
 def check_fits(parallel: ParallelConfig, *, framework: str, workload: str,
                workload_axes: tuple[str, ...], global_batch_size: int,
-               dims: dict[str, int] | None = None, devices: int | None = None):
+               dims: dict[str, int] | None = None, devices: int | None = None,
+               layers=None):
   """The one fit check, before any framework loads: axes the runtime and the workload support,
   the device count (when known, e.g. --cpu-devices), batch divisibility by the data axis and
-  the hosts, and each split logical dimension (`dims`, e.g. {'height': 224}) by its axis."""
+  the hosts, each split logical dimension (`dims`, e.g. {'height': 224}) by its axis, and
+  the pipeline (`layers`: the workload's pipeline layers, None when it has none)."""
   axes = parallel.axes()
   runtime = RUNTIME_AXES[framework]
   for axis in AXES:
@@ -242,6 +248,8 @@ def check_fits(parallel: ParallelConfig, *, framework: str, workload: str,
   if axes["spatial"] > 1 and parallel.bn_group_size and parallel.bn_group_size != data:
     raise UsageError("--bn-group-size with --spatial-partitions > 1: grouped batch norm runs "
                      "only without spatial partitioning; allowed: --bn-group-size 0 (all)")
+  pipeline.check(parallel, workload=workload, layers=layers,
+                 global_batch_size=global_batch_size, data=data)
 
 
 def logical_to_mesh(logical_axes, mesh: MeshShape | None = None, rules=LOGICAL_AXIS_RULES,

@@ -94,6 +94,9 @@ class WorkloadSpec:
   mesh_axes: tuple[str, ...] = ("data",)
   split_dims: Callable[[Any], dict] = lambda cfg: {}
   param_axes: tuple = ()                     # ((path regex, logical axes), ...) every parameter
+  # cfg -> the names of the layers a GPipe pipeline cuts into stages (harness/pipeline.py);
+  # None: the workload does not pipeline.
+  pipeline_layers: Callable[[Any], list[str]] | None = None
   needs_data_dir: tuple[str, ...] = ("reference",)
   data_dir_contents: str = "a tensorflow-datasets data dir holding imagenet2012"
   # (cfg, data_dir) -> what the run would read but the folder lacks (paths or patterns);

@@ -42,7 +42,7 @@ PHYSICAL = {"data": DATA, "stage": "stage", "expert": "expert", "model": "model"
             "spatial": "spatial"}                   # named mesh axis -> this mesh's axes
 MESH_AXES = tuple(a for axis in mesh_lib.MESH_ORDER
                   for a in (DATA if axis == "data" else (PHYSICAL[axis],)))
-SUPPORTED_AXES = ("data", "model", "spatial")       # as harness.mesh.RUNTIME_AXES['jax'] declares
+SUPPORTED_AXES = ("data", "model", "stage", "spatial")   # harness.mesh.RUNTIME_AXES['jax']
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "collective-permute", "all-to-all")
 _TRACING = contextvars.ContextVar("jax_runtime_tracing", default=None)
 
@@ -75,6 +75,7 @@ class MeshRuntime:
     data, group = shape.data, shape.bn_group_size
     self.parallel = parallel
     self.data, self.model, self.spatial = data, shape.model, shape.spatial
+    self.stage, self.microbatches = shape.stage, parallel.microbatches
     self.bn_group_size = group
     self.grouped_bn = group < data
     self.weight_update_sharding = parallel.weight_update_sharding

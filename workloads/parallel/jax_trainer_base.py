@@ -31,7 +31,7 @@ import numpy as np
 import tensorflow as tf
 from jax.experimental import multihost_utils
 
-from harness import mesh
+from harness import mesh, pipeline as gpipe
 from workloads.parallel import jax_runtime
 
 # tf.data only feeds the host here: keep TensorFlow off any GPU so JAX has all its memory.
@@ -75,6 +75,14 @@ class MeshTrainer:
                                                      describing=ctx.describing)
     spec = self.spec_module.SPEC
     mesh.check_workload_axes(runtime.shape, spec.name, spec.mesh_axes)
+    # GPipe (stage axis or micro-batches): layers per stage, None without a pipeline
+    self.stage_cut = None
+    if runtime.stage > 1 or runtime.microbatches > 1:
+      if spec.pipeline_layers is None:
+        raise ValueError(f"{spec.name} has no pipeline layers; allowed: --mesh stage=1 and "
+                         "parallel.microbatches=1")
+      self.stage_cut = gpipe.stage_cut(spec.pipeline_layers(cfg), runtime.stage,
+                                       cfg.parallel.stage_layers)
     self.num_devices = runtime.num_devices
     self.data_replicas = runtime.data
     self.mesh_description = runtime.description

@@ -13,7 +13,10 @@ import jax.numpy as jnp
 import optax
 from flax.training import train_state
 
+from harness.pipeline import stage_ranges
 from workloads.optim import jax_optimizers, schedules
+from workloads.parallel import jax_pipeline
+from workloads.parallel.jax_runtime import DATA
 from workloads.parallel.jax_trainer_base import MeshTrainer
 from workloads.resnet import input_pipeline, jax_model, spec
 
@@ -38,9 +41,59 @@ def loss_and_grads(apply_fn, params, batch_stats, batch, num_classes, label_smoo
   return loss, grads, updates["batch_stats"]
 
 
-def train_step(state, batch, *, runtime, num_classes, label_smoothing):
+def pipelined_loss_and_grads(model, runtime, cut, params, batch_stats, batch, *, num_classes,
+                             label_smoothing, remat=False, bubble_fill=0.0):
+  """GPipe (workloads/parallel/jax_pipeline.py): the blocks cut into stages per `cut`, each
+  data replica's batch in runtime.microbatches micro-batches, batch norm per micro-batch (over
+  the data axis), its moving averages moved by the mean of the micro-batches' statistics.
+  -> (loss, grads, batch_stats, iterations run), the same on every device."""
+  stages, count = runtime.stage, runtime.microbatches
+  ranges = stage_ranges(cut)
+  global_batch = batch["label"].shape[0]
+  rows = global_batch // runtime.data // count
+  example = jax.ShapeDtypeStruct((rows,) + batch["image"].shape[1:], batch["image"].dtype)
+  shapes = jax_pipeline.stage_input_shapes(
+      lambda x, a, b: model.apply({"params": params, "batch_stats": batch_stats}, x, a, b,
+                                  False, method=jax_model.ResNet.layers), example, ranges)
+  boundary = jax_pipeline.Boundary(shapes, model.dtype)
+
+  def stage_fn(k):
+    start, end = ranges[k]
+
+    def fn(p, x, micro):
+      h = micro["image"] if k == 0 else boundary.unpack(x, k)
+      y, updates = model.apply({"params": p, "batch_stats": batch_stats}, h, start, end, True,
+                               method=jax_model.ResNet.layers, mutable=["batch_stats"])
+      delta = jax.tree.map(jnp.subtract, updates["batch_stats"], batch_stats)
+      if k < stages - 1:
+        return boundary.pack(y), {"loss": jnp.zeros((), y.dtype), "stats": delta}
+      loss = cross_entropy(y, micro["label"], num_classes, label_smoothing) * rows
+      return boundary.empty(rows), {"loss": loss, "stats": delta}
+    return fn
+
+  fns = [stage_fn(k) for k in range(stages)]
+
+  def local(params, batch_stats, batch):
+    def loss_fn(p):
+      acc, iterations = jax_pipeline.run(fns, p, batch, boundary.empty(rows, bubble_fill),
+                                         stages=stages, microbatches_count=count, remat=remat)
+      return acc["loss"] / global_batch, (acc["stats"], iterations)
+    (loss, (stats, iterations)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+    every = (jax_pipeline.STAGE,) + DATA
+    stats = jax.lax.pmean(jax.lax.psum(stats, jax_pipeline.STAGE), DATA)
+    stats = jax.tree.map(lambda old, d: old + d / count, batch_stats, stats)
+    return (jax.lax.psum(loss, every), jax.lax.psum(grads, every), stats,
+            jax.lax.pmax(iterations, every))
+
+  return jax_pipeline.sharded(runtime, local, 2)(params, batch_stats, batch)
+
+
+def train_step(state, batch, *, runtime, num_classes, label_smoothing, pipelined=None):
+  """`pipelined`: pipelined_loss_and_grads with its model, runtime and cut bound, or None."""
   kw = dict(num_classes=num_classes, label_smoothing=label_smoothing)
-  if runtime.grouped_bn:                             # per device, BN pooled over groups
+  if pipelined is not None:                          # GPipe over 'stage' and micro-batches
+    loss, grads, stats, _ = pipelined(state.params, state.batch_stats, batch, **kw)
+  elif runtime.grouped_bn:                             # per device, BN pooled over groups
     step = runtime.grouped_bn_step(functools.partial(loss_and_grads, state.apply_fn, **kw))
     loss, grads, stats = step(state.params, state.batch_stats, batch)
   else:
@@ -63,9 +116,13 @@ class ResNetTrainer(MeshTrainer):
 
   def __init__(self, cfg, ctx):
     super().__init__(cfg, ctx)
+    rt = self.runtime
+    # batch norm pools over the 'bn' groups (grouped), over the data replicas of a pipeline
+    # (shard_map: explicit), else over the batch GSPMD spreads over the mesh (implicit)
+    bn_axis = "bn" if rt.grouped_bn else DATA if self.stage_cut and rt.data > 1 else None
     self.model = jax_model.ResNet(stage_sizes=cfg.model.stage_sizes, width=cfg.model.width,
                                   num_classes=cfg.model.num_classes, dtype=self.dtype,
-                                  bn_axis_name="bn" if self.runtime.grouped_bn else None)
+                                  bn_axis_name=bn_axis)
     self.schedule = schedules.warmup_poly_for(cfg.optimizer, cfg.train, self.train_examples)
     self.tx = jax_optimizers.make_optimizer(cfg.optimizer, self.schedule)   # one object: the
                                                           # state's pytree metadata must match
@@ -80,10 +137,19 @@ class ResNetTrainer(MeshTrainer):
     rng = jax.random.key(self.ctx.seed)
     shardings = self.state_shardings(self._create_state, rng)
     self.state = self.initial_state(shardings, rng)
-    step = functools.partial(train_step, runtime=self.runtime,
+    self.compile_steps(self.train_step_fn(), shardings)
+
+  def train_step_fn(self, remat=None):
+    """The train step; `remat` overrides parallel.remat (describe compiles both)."""
+    pipelined = None
+    if self.stage_cut:
+      remat = self.cfg.parallel.remat if remat is None else remat
+      pipelined = functools.partial(pipelined_loss_and_grads, self.model, self.runtime,
+                                    self.stage_cut, remat=remat)
+    return functools.partial(train_step, runtime=self.runtime,
                              num_classes=self.cfg.model.num_classes,
-                             label_smoothing=self.cfg.optimizer.label_smoothing)
-    self.compile_steps(step, shardings)
+                             label_smoothing=self.cfg.optimizer.label_smoothing,
+                             pipelined=pipelined)
 
   def eval_step(self, state, batch):
     return eval_step(state, batch)

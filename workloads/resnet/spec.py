@@ -144,6 +144,12 @@ def mllog_hyperparameters(cfg: ResNetConfig, train_examples: int) -> dict:
           "opt_momentum": opt.momentum}
 
 
+def pipeline_layers(cfg) -> list[str]:
+  """GPipe cuts ResNet between bottleneck blocks (the stem goes with the first block, the
+  pooling and classifier with the last)."""
+  return [f"BottleneckBlock_{i}" for i in range(sum(cfg.model.stage_sizes))]
+
+
 def check_spatial_partitions(stage_sizes, image_size, spatial):
   """Every layer's rows must split evenly over the `spatial` slabs (the halo exchange assumes
   equal slabs): the image size must be a multiple of the total downsampling x spatial."""
@@ -180,9 +186,10 @@ SPEC = WorkloadSpec(
     # global batch, which plain jit over a data-sharded batch computes).
     bn_span=lambda cfg, data_replicas: mesh.bn_span(cfg.parallel, data_replicas,
                                                      cfg.train.global_batch_size),
-    mesh_axes=("data", "spatial"),
+    mesh_axes=("data", "stage", "spatial"),
     split_dims=lambda cfg: {"height": cfg.data.image_size},
     param_axes=PARAM_AXES,
+    pipeline_layers=pipeline_layers,
     missing_data=missing_data,
     check_framework=check_framework,
     data_dir_contents=("a tensorflow-datasets data dir holding a prepared imagenet2012/ "

@@ -29,6 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from workloads.parallel.jax_layers import ExampleDropout
 from workloads.parallel.jax_runtime import constrain
 from workloads.transformer import formulas
 
@@ -85,7 +86,7 @@ class Attention(nn.Module):
     self.query, self.key, self.value = dense(), dense(), dense()
     self.output = nn.DenseGeneral(self.hidden_size, axis=(-2, -1), use_bias=False,
                                   kernel_init=nn.initializers.xavier_uniform(), dtype=self.dtype)
-    self.weights_dropout = nn.Dropout(self.dropout)
+    self.weights_dropout = ExampleDropout(self.dropout)
 
   def keys_values(self, y):
     return constrain(self.key(y), HEADS), constrain(self.value(y), HEADS)
@@ -113,7 +114,7 @@ class FeedForward(nn.Module):
     dense = functools.partial(nn.Dense, kernel_init=nn.initializers.xavier_uniform(),
                               dtype=self.dtype)
     self.filter, self.output = dense(self.filter_size), dense(self.hidden_size)
-    self.relu_dropout = nn.Dropout(self.dropout)
+    self.relu_dropout = ExampleDropout(self.dropout)
 
   def __call__(self, x, train):
     hidden = constrain(nn.relu(self.filter(x)), ("batch", "length", "mlp"))
@@ -134,7 +135,7 @@ class EncoderLayer(nn.Module):
     self.self_attention_norm = _norm(self.dtype)
     self.ffn = FeedForward(c.hidden_size, c.filter_size, c.relu_dropout, self.dtype)
     self.ffn_norm = _norm(self.dtype)
-    self.residual_dropout = nn.Dropout(c.dropout)
+    self.residual_dropout = ExampleDropout(c.dropout)
 
   def __call__(self, x, bias, train):
     drop = lambda y: self.residual_dropout(y, deterministic=not train)
@@ -156,7 +157,7 @@ class DecoderLayer(nn.Module):
     self.encdec_attention_norm = _norm(self.dtype)
     self.ffn = FeedForward(c.hidden_size, c.filter_size, c.relu_dropout, self.dtype)
     self.ffn_norm = _norm(self.dtype)
-    self.residual_dropout = nn.Dropout(c.dropout)
+    self.residual_dropout = ExampleDropout(c.dropout)
 
   def _rest(self, x, encdec_k, encdec_v, encoder_bias, train):
     drop = lambda y: self.residual_dropout(y, deterministic=not train)
@@ -252,32 +253,51 @@ class Transformer(nn.Module):
                                      embedding_init=nn.initializers.normal(c.hidden_size ** -0.5))
     self.encoder = Encoder(c, self.dtype)
     self.decoder = Decoder(c, self.dtype)
-    self.embedding_dropout = nn.Dropout(c.dropout)
+    self.embedding_dropout = ExampleDropout(c.dropout)          # the source embedding's
+    self.target_embedding_dropout = ExampleDropout(c.dropout)   # the target embedding's
 
   def _lookup(self, ids):
     """Scaled embedding lookups, zero at padding."""
     x = constrain(self.embedding_shared(ids).astype(self.dtype), EMBED)
     return x * (ids != PAD_ID)[..., None].astype(self.dtype) * self.cfg.hidden_size ** 0.5
 
-  def _embed(self, ids, train, positions=None):
+  def _embed(self, ids, train, positions=None, target=False):
     """Lookups plus position encodings: of positions 0..L-1, or of each packed example's own
-    `positions` [B, L]."""
+    `positions` [B, L]. Source and target have a dropout each (its key: one per call site)."""
     table = jnp.asarray(formulas.position_encoding(ids.shape[1], self.cfg.hidden_size))
     table = table[None] if positions is None else jnp.take(table, positions, axis=0)
     x = self._lookup(ids) + table.astype(self.dtype)
-    return self.embedding_dropout(x, deterministic=not train)
+    dropout = self.target_embedding_dropout if target else self.embedding_dropout
+    return dropout(x, deterministic=not train)
+
+  def _biases(self, inputs, targets, packed):
+    """(encoder self-attention bias, decoder self-attention bias, encoder-decoder bias)."""
+    acc = accumulation_dtype(self.dtype)
+    if packed is None:
+      bias = padding_bias(inputs, acc)
+      return bias, causal_bias(targets.shape[1], acc), bias
+    inputs_segments, segments = packed["inputs_segmentation"], packed["targets_segmentation"]
+    return (segment_bias(inputs_segments, inputs_segments, acc),
+            segment_bias(segments, segments, acc, causal=True),
+            segment_bias(segments, inputs_segments, acc))
+
+  def _embed_inputs(self, inputs, train, packed):
+    return self._embed(inputs, train, None if packed is None else packed["inputs_position"])
+
+  def _embed_targets(self, targets, train, packed):
+    if packed is None:
+      return self._embed(shift_right(targets), train, target=True)
+    return self._embed(shift_right(targets, packed["targets_segmentation"]), train,
+                       packed["targets_position"], target=True)
 
   def encode(self, inputs, train=False, packed=None):
     """-> (encoder outputs [B, L, H], its attention bias [B, 1, 1, L]). `packed`: a packed
     batch's segmentation and position features (then the bias is [B, 1, L, L])."""
-    acc = accumulation_dtype(self.dtype)
     if packed is None:
-      bias = padding_bias(inputs, acc)
-      return self.encoder(self._embed(inputs, train), bias, train), bias
-    segments = packed["inputs_segmentation"]
-    bias = segment_bias(segments, segments, acc)
-    x = self._embed(inputs, train, packed["inputs_position"])
-    return self.encoder(x, bias, train), bias
+      bias = padding_bias(inputs, accumulation_dtype(self.dtype))
+    else:
+      bias = self._biases(inputs, inputs, packed)[0]
+    return self.encoder(self._embed_inputs(inputs, train, packed), bias, train), bias
 
   def logits(self, x):
     return constrain(self.embedding_shared.attend(x.astype(self.dtype)).astype(
@@ -285,17 +305,36 @@ class Transformer(nn.Module):
 
   def __call__(self, inputs, targets, train=False, packed=None):
     """`packed`: the segmentation and position features of packed rows, or None."""
-    acc = accumulation_dtype(self.dtype)
-    encoded, encoder_bias = self.encode(inputs, train, packed)
-    if packed is None:
-      self_bias = causal_bias(targets.shape[1], acc)
-      x = self._embed(shift_right(targets), train)
-    else:
-      segments = packed["targets_segmentation"]
-      self_bias = segment_bias(segments, segments, acc, causal=True)
-      encoder_bias = segment_bias(segments, packed["inputs_segmentation"], acc)
-      x = self._embed(shift_right(targets, segments), train, packed["targets_position"])
-    return self.logits(self.decoder(x, encoded, self_bias, encoder_bias, train))
+    encoder_bias, self_bias, encdec_bias = self._biases(inputs, targets, packed)
+    encoded = self.encoder(self._embed_inputs(inputs, train, packed), encoder_bias, train)
+    x = self._embed_targets(targets, train, packed)
+    return self.logits(self.decoder(x, encoded, self_bias, encdec_bias, train))
+
+  def pipeline_layers(self, carry, inputs, targets, packed, start, end, train):
+    """GPipe's view (spec.pipeline_layers): layers [start, end) of the one list of encoder
+    layers then decoder layers, on carry {'encoded', 'decoded'} [b, L, H] (what the stage
+    before sent). The first layer embeds the source, the last encoder layer applies the
+    encoder's final norm, the first decoder layer embeds the targets; after the last decoder
+    layer the decoder's norm and the logits: -> (carry, logits or None)."""
+    n = self.cfg.num_layers
+    encoder_bias, self_bias, encdec_bias = self._biases(inputs, targets, packed)
+    encoded, decoded = carry["encoded"], carry["decoded"]
+    for i in range(start, end):
+      if i == 0:
+        encoded = self._embed_inputs(inputs, train, packed)
+      if i < n:
+        encoded = getattr(self.encoder, f"layer_{i}")(encoded, encoder_bias, train)
+        if i == n - 1:
+          encoded = self.encoder.output_norm(encoded)
+        continue
+      if i == n:
+        decoded = self._embed_targets(targets, train, packed)
+      decoded = getattr(self.decoder, f"layer_{i - n}")(decoded, encoded, self_bias,
+                                                         encdec_bias, train)
+    carry = {"encoded": encoded, "decoded": decoded}
+    if end < 2 * n:
+      return carry, None
+    return carry, self.logits(self.decoder.output_norm(decoded))
 
   # ------------------------------------------------------------------ decoding
   def init_cache(self, encoded, max_decode_length):

@@ -13,7 +13,10 @@ import jax
 import jax.numpy as jnp
 from flax.training import train_state
 
+from harness.pipeline import stage_ranges
 from workloads.optim import jax_optimizers
+from workloads.parallel import jax_layers, jax_pipeline
+from workloads.parallel.jax_runtime import DATA
 from workloads.parallel.jax_trainer_base import MeshTrainer
 from workloads.transformer import host_bleu, input_pipeline, jax_beam_search, jax_model, spec
 
@@ -33,10 +36,62 @@ def loss_fn(params, apply_fn, batch, label_smoothing, rng=None):
   return total / jnp.maximum(count, 1.0), count
 
 
-def train_step(state, batch, *, label_smoothing, runtime):
+def pipelined_loss_and_grads(model, runtime, cut, params, batch, rng, *, label_smoothing,
+                             remat=False, bubble_fill=0.0):
+  """GPipe (workloads/parallel/jax_pipeline.py) over the one list of encoder then decoder
+  layers cut per `cut`, each data replica's batch in runtime.microbatches micro-batches; the
+  loss is the same sum over all target tokens divided by their count over the global batch,
+  and dropout is keyed by example (jax_layers.ExampleDropout), so neither depends on K or M.
+  `rng`: the step's dropout key, None for no dropout. -> (loss, grads, iterations run)."""
+  stages, count = runtime.stage, runtime.microbatches
+  ranges = stage_ranges(cut)
+  global_batch, length = batch["targets"].shape
+  rows = global_batch // runtime.data // count
+  boundary = jnp.full((rows, length, model.cfg.hidden_size), bubble_fill, model.dtype)
+  carry = {"encoded": boundary, "decoded": boundary}
+  batch = {**batch, "example": jnp.arange(global_batch)}   # split over DATA like the rows
+  train = rng is not None
+
+  def stage_fn(k):
+    start, end = ranges[k]
+
+    def fn(p, x, micro):
+      with jax_layers.examples(micro["example"]):
+        y, logits = model.apply({"params": p}, x, micro["inputs"], micro["targets"],
+                                spec.packed_features(micro), start, end, train,
+                                method=jax_model.Transformer.pipeline_layers,
+                                rngs={"dropout": rng} if train else None)
+      if logits is None:
+        return y, jnp.zeros((), jax_model.accumulation_dtype(model.dtype))
+      total, _ = jax_model.smoothed_cross_entropy(logits, micro["targets"], label_smoothing)
+      return jax.tree.map(jnp.zeros_like, y), total
+    return fn
+
+  fns = [stage_fn(k) for k in range(stages)]
+
+  def local(params, batch):
+    every = (jax_pipeline.STAGE,) + DATA
+    tokens = jax.lax.psum(jnp.sum(batch["targets"] != jax_model.PAD_ID), DATA)
+
+    def loss_fn(p):
+      total, iterations = jax_pipeline.run(fns, p, batch, carry, stages=stages,
+                                           microbatches_count=count, remat=remat)
+      return total / jnp.maximum(tokens, 1).astype(total.dtype), iterations
+    (loss, iterations), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+    return (jax.lax.psum(loss, every), jax.lax.psum(grads, every),
+            jax.lax.pmax(iterations, every))
+
+  return jax_pipeline.sharded(runtime, local, 1)(params, batch)
+
+
+def train_step(state, batch, *, label_smoothing, runtime, pipelined=None):
+  """`pipelined`: pipelined_loss_and_grads with its model, runtime and cut bound, or None."""
   rng = jax.random.fold_in(state.dropout_key, state.step)
-  (loss, _), grads = jax.value_and_grad(loss_fn, has_aux=True)(
-      state.params, state.apply_fn, batch, label_smoothing, rng)
+  if pipelined is not None:                          # GPipe over 'stage' and micro-batches
+    loss, grads, _ = pipelined(state.params, batch, rng, label_smoothing=label_smoothing)
+  else:
+    (loss, _), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+        state.params, state.apply_fn, batch, label_smoothing, rng)
   grads = runtime.constrain_update(grads)            # weight-update sharding: shard the update
   state = state.apply_gradients(grads=grads)
   return state.replace(params=runtime.restore_param_layout(state.params)), loss
@@ -88,9 +143,17 @@ class TransformerTrainer(MeshTrainer):
     rng = jax.random.key(self.ctx.seed)
     shardings = self.state_shardings(self._create_state, rng)
     self.state = self.initial_state(shardings, rng)
-    self.compile_steps(functools.partial(train_step, runtime=self.runtime,
-                                         label_smoothing=self.cfg.optimizer.label_smoothing),
-                       shardings)
+    self.compile_steps(self.train_step_fn(), shardings)
+
+  def train_step_fn(self, remat=None):
+    """The train step; `remat` overrides parallel.remat (describe compiles both)."""
+    pipelined = None
+    if self.stage_cut:
+      remat = self.cfg.parallel.remat if remat is None else remat
+      pipelined = functools.partial(pipelined_loss_and_grads, self.model, self.runtime,
+                                    self.stage_cut, remat=remat)
+    return functools.partial(train_step, runtime=self.runtime, pipelined=pipelined,
+                             label_smoothing=self.cfg.optimizer.label_smoothing)
 
   def eval_step(self, state, batch):
     tokens = translate(self.model, state.params, batch["inputs"], self.cfg.model)

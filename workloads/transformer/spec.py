@@ -189,6 +189,15 @@ def packed_features(batch) -> dict | None:
   return ({k: batch[k] for k in PACKED_FEATURES} if PACKED_FEATURES[0] in batch else None)
 
 
+def pipeline_layers(cfg) -> list[str]:
+  """GPipe cuts the encoder layers then the decoder layers as one list (Lingvo's GPipe
+  Transformer): one schedule, and a stage may hold the last encoder and first decoder layers.
+  Two pipelines over the same axis (encoder's, then decoder's) would fill and drain twice a
+  step, two bubbles; in one list the encoder's output rides along to every decoder layer."""
+  n = cfg.model.num_layers
+  return [f"encoder/layer_{i}" for i in range(n)] + [f"decoder/layer_{i}" for i in range(n)]
+
+
 def sample_unit(cfg: TransformerConfig) -> str:
   return "packed rows" if cfg.data.packing else "sentence pairs"
 
@@ -269,10 +278,11 @@ SPEC = WorkloadSpec(
                      "tf": "workloads.transformer.tf_trainer"},
     mllog_hyperparameters=mllog_hyperparameters,
     derive=derive,
-    mesh_axes=("data", "model"),
+    mesh_axes=("data", "model", "stage"),
     split_dims=lambda cfg: {"length": cfg.data.max_length, "heads": cfg.model.num_heads,
                             "mlp": cfg.model.filter_size, "vocab": cfg.model.vocab_size},
     param_axes=PARAM_AXES,
+    pipeline_layers=pipeline_layers,
     data_dir_contents=("the reference's data_download.py output: wmt32k-train-*, "
                        "vocab.ende.32768, newstest2014.en, newstest2014.de (or, with "
                        "data.source=tfds, vocab.ende.32768 and the prepared tfds WMT dataset)"),

@@ -1,0 +1,48 @@
+"""Layers the JAX models share (tf_layers.py is TensorFlow's side).
+
+ExampleDropout: dropout whose mask for one example depends on (step, layer, call site,
+example), never on how the batch is cut. flax's nn.Dropout draws one mask for the whole array
+from the module's key, so the same example gets another mask when it is in another
+micro-batch or at another row; a GPipe run (jax_pipeline.py) would then differ with K and M.
+Here each example's mask comes from the module's key folded with the example's index in the
+global batch: the step's key and the module path (the layer) are flax's, the index is the
+one `examples(ids)` set around the apply (a pipeline stage sets its micro-batch's rows), or
+0..B-1 for a whole batch.
+"""
+import contextlib
+import contextvars
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+_EXAMPLES = contextvars.ContextVar("jax_layers_examples", default=None)
+
+
+@contextlib.contextmanager
+def examples(ids):
+  """While a model is applied: `ids` [b] are the global batch indices of its rows."""
+  token = _EXAMPLES.set(ids)
+  try:
+    yield
+  finally:
+    _EXAMPLES.reset(token)
+
+
+class ExampleDropout(nn.Module):
+  rate: float
+  dtype: Any = None
+
+  @nn.compact
+  def __call__(self, x, deterministic: bool):
+    if deterministic or self.rate == 0.0:
+      return x
+    key = self.make_rng("dropout")
+    ids = _EXAMPLES.get()
+    if ids is None:
+      ids = jnp.arange(x.shape[0])
+    keep_prob = 1.0 - self.rate
+    keep = jax.vmap(lambda i: jax.random.bernoulli(jax.random.fold_in(key, i), keep_prob,
+                                                   x.shape[1:]))(ids)
+    return jax.lax.select(keep, x / keep_prob, jnp.zeros_like(x))

@@ -1,0 +1,134 @@
+"""GPipe in JAX (Huang et al. 2019): K stages on the mesh's `stage` axis, M micro-batches,
+re-materialization; the schedule and the stage cut are harness/pipeline.py's.
+
+A workload gives one function per stage, `stage_fn(params, x, inputs) -> (y, out)`: `x` is what
+the previous stage sent (the first stage reads its micro-batch from `inputs` instead), `y` what
+this stage sends on, `out` what it contributes to the step (the last stage's loss sum, every
+stage's batch-norm statistics), summed over the micro-batches. `run` executes them per device
+under shard_map: a scan of M + K - 1 iterations in which stage k runs micro-batch i - k through
+its own branch of a lax.switch on its stage index, and the stage-to-stage shift is one
+collective permute (ppermute k -> k + 1). With `remat`, each iteration is a jax.checkpoint
+that saves nothing but its inputs (the stage's input and micro-batch), so the backward pass
+recomputes the stage's forward and only the stage boundaries stay in memory.
+
+Bubbles (iterations where a stage has no micro-batch yet, or no more) compute on zeros, not on
+whatever is in the buffer: `x` is selected to zero before the stage runs and `out` to zero
+after, so neither the forward values nor the gradients can take anything from a bubble (the
+tests fill the buffers with NaN to prove it). The parameters are whole on every device (the
+optimizer, LARS's per-layer trust ratios included, sees the same tree as without a pipeline);
+each device computes only its own stage's gradients, and one psum over `stage` assembles them.
+
+Stages whose boundaries differ in shape (ResNet's blocks) send a flat buffer of the largest
+boundary (`Boundary`); stages with one boundary shape (the Transformer's) send it as it is.
+"""
+import math
+
+import jax
+import jax.numpy as jnp
+
+from jax.sharding import PartitionSpec as P
+
+from workloads.parallel.jax_runtime import DATA
+
+STAGE = "stage"
+
+
+def microbatches(tree, m):
+  """(b, ...) -> (m, b / m, ...) for every leaf: micro-batch j is rows j*b/m ... of this
+  device's batch."""
+  return jax.tree.map(lambda x: x.reshape(m, x.shape[0] // m, *x.shape[1:]), tree)
+
+
+def run(stage_fns, params, inputs, carry, *, stages, microbatches_count, remat=False):
+  """Per device (inside shard_map over `stage`): runs the schedule over this device's batch
+  `inputs` (leaves [b, ...]); `carry` is the boundary buffer's initial value (its shape is one
+  micro-batch's boundary; its values never reach a result). -> (outs summed over this stage's
+  micro-batches, the number of iterations run)."""
+  k_count, m_count = stages, microbatches_count
+  stage = jax.lax.axis_index(STAGE)
+  per_micro = microbatches(inputs, m_count)
+
+  def call(params, x, micro):
+    if k_count == 1:
+      return stage_fns[0](params, x, micro)
+    return jax.lax.switch(stage, stage_fns, params, x, micro)
+
+  if remat:
+    call = jax.checkpoint(call, policy=jax.checkpoint_policies.nothing_saveable)
+  first = jax.tree.map(lambda a: a[0], per_micro)
+  out_zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype),
+                           jax.eval_shape(stage_fns[0], params, carry, first)[1])
+  shift = [(k, k + 1) for k in range(k_count - 1)]
+
+  def iteration(state, i):
+    buffer, acc, count = state
+    micro_index = i - stage
+    valid = (micro_index >= 0) & (micro_index < m_count)
+    x = jax.tree.map(lambda b: jnp.where(valid, b, jnp.zeros_like(b)), buffer)
+    micro = jax.tree.map(lambda a: jax.lax.dynamic_index_in_dim(
+        a, jnp.clip(micro_index, 0, m_count - 1), keepdims=False), per_micro)
+    y, out = call(params, x, micro)
+    acc = jax.tree.map(lambda a, o: a + jnp.where(valid, o, jnp.zeros_like(o)), acc, out)
+    if k_count > 1:
+      y = jax.lax.ppermute(y, STAGE, shift)
+    return (y, acc, count + 1), None
+
+  (_, acc, count), _ = jax.lax.scan(iteration, (carry, out_zeros, jnp.int32(0)),
+                                    jnp.arange(k_count + m_count - 1))
+  return acc, count
+
+
+def sharded(runtime, local_fn, replicated_args):
+  """local_fn(*args, batch) per device under shard_map over the whole mesh: the first
+  `replicated_args` arguments whole on every device, the batch split over DATA; every output
+  must be the same on all devices (local_fn reduces it over `stage` and DATA)."""
+  return jax.shard_map(local_fn, mesh=runtime.mesh,
+                       in_specs=(P(),) * replicated_args + (P(DATA),), out_specs=P(),
+                       check_vma=False)
+
+
+class Boundary:
+  """One flat buffer for stage boundaries of different shapes: each micro-batch example's
+  activation flattened and zero-padded to the largest boundary."""
+
+  def __init__(self, shapes, dtype):
+    """`shapes`: per stage, the per-example shape it receives (None for the first stage)."""
+    self.shapes = shapes
+    self.size = max([math.prod(s) for s in shapes if s is not None] or [1])
+    self.dtype = dtype
+
+  def empty(self, rows, fill=0.0):
+    return jnp.full((rows, self.size), fill, self.dtype)
+
+  def pack(self, y):
+    flat = y.reshape(y.shape[0], -1).astype(self.dtype)
+    return jnp.pad(flat, ((0, 0), (0, self.size - flat.shape[1])))
+
+  def unpack(self, buffer, stage):
+    shape = self.shapes[stage]
+    return buffer[:, :math.prod(shape)].reshape(buffer.shape[0], *shape)
+
+
+def stage_input_shapes(layer_fn, example, ranges):
+  """Per stage, the per-example shape of its input (None for stage 0), by tracing `layer_fn(x,
+  start, end)` over the stages in order from `example` (one micro-batch's input)."""
+  shapes, x = [], example
+  for k, (start, end) in enumerate(ranges):
+    shapes.append(None if k == 0 else tuple(x.shape[1:]))
+    x = jax.eval_shape(lambda h, a=start, b=end: layer_fn(h, a, b), x)
+  return shapes
+
+
+def permute_bytes_per_step(boundary_bytes_per_micro, stages, microbatches_count):
+  """Bytes one device sends over `stage` per step: a boundary per iteration (the schedule's
+  M + K - 1, bubbles included, as the scan sends them), 0 on one stage."""
+  if stages == 1:
+    return 0
+  return int(boundary_bytes_per_micro) * (stages + microbatches_count - 1)
+
+
+def fill_like(tree, value):
+  return jax.tree.map(lambda x: jnp.full(x.shape, value, x.dtype), tree)
+
+
+
