@@ -269,11 +269,13 @@ def cmd_describe(args):
   from harness.workload import RunContext
   gbs = cfg.train.global_batch_size
   # FLOPs per example do not depend on the batch: compile a small batch to keep this quick.
-  # A layout on a model axis keeps the preset's batch: its activation bytes per device are
-  # what it shows (and a mesh larger than the machine is described from shapes, uncompiled).
+  # A layout on a model axis or a pipeline keeps the preset's batch: its activation bytes per
+  # device are what it shows (and a mesh larger than the machine is described from shapes,
+  # uncompiled).
   small = copy.deepcopy(cfg)
   axes, batch = cfg.parallel.axes(), args.cpu_devices or min(gbs, 8)   # divisible by 1, 2, 4, 8
-  if axes["model"] == 1 and batch % max(axes["data"], 1) == 0:
+  if axes["model"] == 1 and axes["stage"] == 1 and cfg.parallel.microbatches == 1 and (
+      batch % max(axes["data"], 1) == 0):
     small.train.global_batch_size = small.data.eval_batch_size = batch
   if hasattr(small.data, "init_checkpoint"):        # describe builds the model, reads no data
     small.data.init_checkpoint = ""
@@ -341,6 +343,25 @@ def _print_layout(info, batch):
         for k, v in sorted(kinds.items())) or "none"))
   elif "layout" in info:
     print("collectives in the step:  not compiled: the mesh has more devices than this machine")
+  if "pipeline" in info:
+    _print_pipeline(info["pipeline"], batch)
+
+
+def _print_pipeline(p, batch):
+  """describe's GPipe lines: the cut, the bubble, memory with and without remat, permutes."""
+  k, m = p["stages"], p["microbatches"]
+  print(f"pipeline:                 {k} stages x {m} micro-batches, {p['iterations']} "
+        f"iterations a step, bubble (K-1)/(M+K-1) = {p['bubble_fraction']:.4f}")
+  for i, stage in enumerate(p["cut"]):
+    names = stage["layers"]
+    shown = names[0] if len(names) == 1 else f"{names[0]} .. {names[-1]}"
+    print(f"  stage {i}:                {len(names)} layers ({shown}), "
+          f"{stage['parameters']:,} parameters")
+  print(f"  activations / device:   {p['activation_bytes_remat']:,} bytes with remat, "
+        f"{p['activation_bytes_no_remat']:,} without (compiled step's temporaries at global "
+        f"batch {batch}; this run: remat={'on' if p['remat'] else 'off'})")
+  print(f"  stage shifts / device:  {p['permute_bytes_per_step']:,} bytes a step "
+        "(collective permutes, forward and backward)")
 
 
 def _rcp_line(benchmark, global_batch_size, preset="reference"):

@@ -12,6 +12,8 @@ fraction, the bubble, is (K - 1) / (M + K - 1). Gradients of all M micro-batches
 before one update, so the update does not depend on K or M (batch norm aside: GPipe normalises
 each micro-batch, and the moving averages take the mean of the M micro-batches' statistics).
 """
+import re
+
 from harness.errors import UsageError
 
 
@@ -82,3 +84,17 @@ def check(parallel, *, workload: str, layers, global_batch_size: int, data: int)
   if stages > 1 and parallel.bn_group_size:
     raise UsageError("--bn-group-size with --mesh stage: pipelined batch norm normalises each "
                      "micro-batch over the data axis; allowed: --bn-group-size 0")
+
+
+def stage_summary(layers, cut, param_sizes: dict) -> list[dict]:
+  """Per stage: its layers and the parameters it computes with (`layers`: the workload's
+  [(name, regex of its parameter paths)]; `param_sizes`: {path: element count}). A parameter
+  two stages read (the Transformer's shared embedding) counts on each."""
+  out = []
+  for start, end in stage_ranges(cut):
+    mine = [layers[i] for i in range(start, end)]
+    used = [path for path in param_sizes
+            if any(re.fullmatch(pattern, path) for _, pattern in mine)]
+    out.append({"layers": [name for name, _ in mine],
+                "parameters": int(sum(param_sizes[p] for p in used))})
+  return out

@@ -95,14 +95,14 @@ def cli():
   return run_cli
 
 
-def run_to_target(cli, tmp_path, framework, workload, devices, layout, target):
+def run_to_target(cli, tmp_path, framework, workload, devices, layout, target, *extra):
   """`run WORKLOAD` on a layout to its mini target: success, the layout in the row, a log the
   official checker passes (the model-parallel end-to-end files)."""
   import pandas as pd  # pylint: disable=import-outside-toplevel
   results_csv = tmp_path / "results.csv"
   proc = cli("run", workload, "--framework", framework, "--seed", "0", "--cpu-devices", devices,
              "--mesh", layout, "--results", str(results_csv), "--log-dir",
-             str(tmp_path / "logs"), "--data-dir", str(tmp_path / "data"))
+             str(tmp_path / "logs"), "--data-dir", str(tmp_path / "data"), *extra)
   assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
   row = pd.read_csv(results_csv).iloc[0]
   assert row["status"] == "success" and row["mesh"] == layout
@@ -191,6 +191,8 @@ def assert_same_saved_run(multi_path, one_path, count):
 # them ran alone while the other workers idled). Files not listed follow, in collection order.
 LONG_FILES = (
     "tests/parallel/test_tf_model_parallel_end_to_end.py",
+    "tests/parallel/test_jax_pipeline.py",
+    "tests/parallel/test_pipeline_end_to_end.py",
     "tests/parallel/test_tf_model_parallel.py",
     "tests/parallel/test_model_parallel_end_to_end.py",
     "tests/ssd/test_ssd_end_to_end.py",

@@ -220,6 +220,32 @@ class MeshTrainer:
         self._create_state, jax.random.key(0)).params
     return int(sum(math.prod(x.shape) for x in jax.tree.leaves(params)))
 
+  def _describe_pipeline(self):
+    """GPipe's figures: the stage cut (layers and the parameters each stage computes with),
+    the schedule's iterations and bubble, the compiled step's temporaries with and without
+    re-materialization (the other one compiled here), and the bytes the stage shifts move per
+    step per device (the permutes' result bytes in the compiled step, each run once per
+    iteration of its loop: forward and backward)."""
+    rt, spec = self.runtime, self.spec_module.SPEC
+    sizes = {jax_runtime.path_name(path): math.prod(leaf.shape)
+             for path, leaf in jax.tree_util.tree_leaves_with_path(self.state.params)}
+    remat = self.cfg.parallel.remat
+    temp = {remat: self._train_step.memory_analysis().temp_size_in_bytes}
+    with rt.tracing():
+      other = jax.jit(self.train_step_fn(remat=not remat), donate_argnums=0).lower(
+          self.state, self.batch_shapes(self.cfg.train.global_batch_size)).compile(
+              compiler_options=LEVEL_0)
+    temp[not remat] = other.memory_analysis().temp_size_in_bytes
+    iterations = gpipe.iterations(rt.stage, rt.microbatches)
+    permutes = rt.collectives_by_axis(self._train_step.as_text()).get(
+        ("collective-permute", "stage"), [0, 0, 0])
+    return {"stages": rt.stage, "microbatches": rt.microbatches, "iterations": iterations,
+            "bubble_fraction": gpipe.bubble_fraction(rt.stage, rt.microbatches),
+            "cut": gpipe.stage_summary(spec.pipeline_layers(self.cfg), self.stage_cut, sizes),
+            "remat": remat, "activation_bytes_remat": int(temp[True]),
+            "activation_bytes_no_remat": int(temp[False]),
+            "permute_bytes_per_step": int(permutes[2]) * iterations}
+
   def describe(self):
     """The compiled step's cost analysis, HLO and memory analysis, and the layout: bytes per
     device of the parameters and optimizer state (read from the state's shards, or from shapes
@@ -239,6 +265,8 @@ class MeshTrainer:
             "layout": rt.layout_summary(self.spec_module.PARAM_AXES)}
     if rt.abstract:
       return info
+    if self.stage_cut:
+      info["pipeline"] = self._describe_pipeline()
     cost = self._train_step.cost_analysis()
     cost = cost[0] if isinstance(cost, (list, tuple)) else cost
     # XLA's cost analysis of a partitioned program is one device's share: x devices for the step

@@ -144,10 +144,12 @@ def mllog_hyperparameters(cfg: ResNetConfig, train_examples: int) -> dict:
           "opt_momentum": opt.momentum}
 
 
-def pipeline_layers(cfg) -> list[str]:
+def pipeline_layers(cfg) -> list[tuple[str, str]]:
   """GPipe cuts ResNet between bottleneck blocks (the stem goes with the first block, the
-  pooling and classifier with the last)."""
-  return [f"BottleneckBlock_{i}" for i in range(sum(cfg.model.stage_sizes))]
+  pooling and classifier with the last): [(layer, regex of its parameter paths)]."""
+  n = sum(cfg.model.stage_sizes)
+  return [(f"BottleneckBlock_{i}", "|".join([f"BottleneckBlock_{i}/.*"] + (["stem_.*"] if i == 0
+           else []) + (["classifier/.*"] if i == n - 1 else []))) for i in range(n)]
 
 
 def check_spatial_partitions(stage_sizes, image_size, spatial):

@@ -189,13 +189,21 @@ def packed_features(batch) -> dict | None:
   return ({k: batch[k] for k in PACKED_FEATURES} if PACKED_FEATURES[0] in batch else None)
 
 
-def pipeline_layers(cfg) -> list[str]:
+def pipeline_layers(cfg) -> list[tuple[str, str]]:
   """GPipe cuts the encoder layers then the decoder layers as one list (Lingvo's GPipe
   Transformer): one schedule, and a stage may hold the last encoder and first decoder layers.
   Two pipelines over the same axis (encoder's, then decoder's) would fill and drain twice a
-  step, two bubbles; in one list the encoder's output rides along to every decoder layer."""
+  step, two bubbles; in one list the encoder's output rides along to every decoder layer.
+  [(layer, regex of its parameter paths)]: the shared embedding is read by the first layer
+  (source lookups) and the first decoder and last layers (target lookups, logits)."""
   n = cfg.model.num_layers
-  return [f"encoder/layer_{i}" for i in range(n)] + [f"decoder/layer_{i}" for i in range(n)]
+  layers = [(f"encoder/layer_{i}", [f"encoder/layer_{i}/.*"]) for i in range(n)]
+  layers += [(f"decoder/layer_{i}", [f"decoder/layer_{i}/.*"]) for i in range(n)]
+  layers[0][1].append("embedding_shared/.*")
+  layers[n - 1][1].append("encoder/output_norm/.*")
+  layers[n][1].append("embedding_shared/.*")
+  layers[-1][1].extend(["decoder/output_norm/.*", "embedding_shared/.*"])
+  return [(name, "|".join(dict.fromkeys(paths))) for name, paths in layers]
 
 
 def sample_unit(cfg: TransformerConfig) -> str:

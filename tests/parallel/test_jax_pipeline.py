@@ -1,0 +1,229 @@
+"""GPipe in JAX on simulated CPU devices, in float64: the pipelined loss, every gradient, the
+batch-norm statistics and the parameters after two optimizer steps equal one device's
+(rtol 1e-9) for K in {2, 4} stages and M in {1, 2, 4, 8} micro-batches, with and without
+re-materialization and with a data axis beside the stages.
+
+References are computed here without the pipeline: the Transformer's ordinary loss on the whole
+batch (dropout on: it is keyed by example, so the masks do not depend on K or M); ResNet's
+micro-batched computation on one device (batch norm normalises each micro-batch, as GPipe
+does, and the moving averages take the mean of the micro-batches' statistics). Bubbles filled
+with NaN leave every value finite and equal; the iterations are counted in the loop."""
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from harness import pipeline
+from harness.workload import RunContext
+from tests.parallel.test_jax_model_parallel import float64_trainer, transformer_config
+from workloads.resnet import jax_trainer as resnet_trainer
+from workloads.resnet import spec as resnet_spec
+from workloads.transformer import jax_model as transformer_model
+from workloads.transformer import jax_trainer as transformer_trainer
+from workloads.transformer import spec as transformer_spec
+
+pytestmark = pytest.mark.usefixtures("jax_float64")     # tests/conftest.py
+
+RTOL = 1e-9
+GRID = [(k, m) for k in (2, 4) for m in (1, 2, 4, 8)]
+
+
+def assert_close(actual, expected):
+  for a, e in zip(jax.tree.leaves(actual), jax.tree.leaves(expected)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(e), rtol=RTOL,
+                               atol=RTOL * float(np.max(np.abs(e))))
+
+
+# ------------------------------------------------------------------ Transformer
+@functools.lru_cache(maxsize=None)
+def transformer(mesh, microbatches, compiled=False):
+  """`compiled`: with the trainer's train step (the tests of steps and of the program)."""
+  cfg = transformer_config(layers=2)
+  cfg.parallel.microbatches = microbatches
+  return float64_trainer(transformer_spec, transformer_model, cfg, mesh,
+                         compile_steps=compiled)
+
+
+@functools.lru_cache(maxsize=None)
+def transformer_reference():
+  t = transformer("stage=1,data=1", 1)
+  batch = jax.device_get(t.synthetic_batch())      # on the host: each mesh places its own
+  rng = jax.random.fold_in(t.state.dropout_key, t.state.step)
+  loss = lambda p: transformer_trainer.loss_fn(p, t.state.apply_fn, batch, 0.1, rng)[0]
+  return batch, rng, jax.device_get(jax.jit(jax.value_and_grad(loss))(t.state.params))
+
+
+def transformer_pipelined(t, batch, rng, remat=False, fill=0.0):
+  fn = functools.partial(transformer_trainer.pipelined_loss_and_grads, t.model, t.runtime,
+                         t.stage_cut, label_smoothing=0.1, remat=remat, bubble_fill=fill)
+  rng = jax.device_put(rng, t.runtime.replicated)
+  return jax.device_get(jax.jit(fn)(jax.device_get(t.state.params), batch, rng))
+
+
+@pytest.mark.parametrize("stages,microbatches", GRID)
+def test_transformer_pipelined_equals_one_device(stages, microbatches):
+  batch, rng, (loss, grads) = transformer_reference()
+  t = transformer(f"stage={stages},data=1", microbatches)
+  assert t.stage_cut == pipeline.stage_cut(range(4), stages)
+  got_loss, got_grads, iterations = transformer_pipelined(t, batch, rng)
+  assert iterations == microbatches + stages - 1
+  assert_close(got_loss, loss)
+  assert_close(got_grads, grads)
+
+
+@pytest.mark.parametrize("mesh,microbatches,remat,fill", [
+    ("stage=2,data=2", 4, False, 0.0), ("stage=4,data=2", 2, True, 0.0),
+    ("stage=2,data=1", 4, True, float("nan")), ("stage=4,data=1", 8, False, float("nan"))])
+def test_transformer_with_data_axis_remat_and_nan_bubbles(mesh, microbatches, remat, fill):
+  batch, rng, (loss, grads) = transformer_reference()
+  got_loss, got_grads, _ = transformer_pipelined(transformer(mesh, microbatches), batch, rng,
+                                                 remat, fill)
+  assert np.isfinite(got_loss) and all(np.isfinite(g).all() for g in jax.tree.leaves(got_grads))
+  assert_close(got_loss, loss)
+  assert_close(got_grads, grads)
+
+
+def test_transformer_two_pipelined_steps_equal_two_steps_on_one_device():
+  one, piped = transformer("stage=1,data=1", 1, True), transformer("stage=4,data=2", 2, True)
+  for t in (one, piped):
+    batch = t.synthetic_batch()                    # the same values, on each trainer's mesh
+    for _ in range(2):
+      t.state, _ = t._train_step(t.state, batch)   # pylint: disable=protected-access
+  assert_close(jax.device_get(piped.state.params), jax.device_get(one.state.params))
+
+
+# ------------------------------------------------------------------ ResNet
+def resnet(mesh, microbatches, remat=False, compiled=False):
+  """A float64 ResNet of 2+2 bottleneck blocks (four layers to cut) on 16x16 images."""
+  cfg = resnet_spec.tiny()
+  cfg.model.stage_sizes = (2, 2)
+  cfg.data.source = "synthetic"
+  cfg.parallel.mesh, cfg.parallel.microbatches, cfg.parallel.remat = mesh, microbatches, remat
+  t = resnet_spec.SPEC.make_trainer("jax", cfg, RunContext(seed=0, preset="tiny"))
+  t.dtype = jnp.float64
+  t.model = t.model.clone(dtype=jnp.float64)
+  create = t._create_state                         # pylint: disable=protected-access
+  t._create_state = lambda rng: jax.tree.map(     # pylint: disable=protected-access
+      lambda x: x.astype(jnp.float64) if getattr(x, "dtype", None) == jnp.float32 else x,
+      create(rng))
+  if not compiled:                                 # the pipelined function is jitted here
+    t.compile_steps = lambda *args: None
+  t.init()
+  return t
+
+
+@functools.lru_cache(maxsize=None)
+def resnet_batch():
+  t = resnet("stage=1,data=1", 1)
+  return t, {k: np.asarray(v, np.float64) if v.dtype == jnp.float32 else np.asarray(v)
+             for k, v in t.synthetic_batch().items()}
+
+
+@functools.lru_cache(maxsize=None)
+def resnet_reference(microbatches, data=1):
+  """Loss, gradients and new batch statistics of the micro-batched step on one device: micro-
+  batch j holds rows j of every data replica's share (the pipeline's micro-batches)."""
+  t, batch = resnet_batch()
+  model, stats = t.model.clone(bn_axis_name=None), t.state.batch_stats
+  n = batch["label"].shape[0]
+  rows = np.arange(n).reshape(data, microbatches, n // data // microbatches)
+
+  def loss_fn(params):
+    total, new = 0.0, []
+    for j in range(microbatches):
+      index = rows[:, j].reshape(-1)
+      logits, updates = model.apply({"params": params, "batch_stats": stats},
+                                    batch["image"][index], True, mutable=["batch_stats"])
+      total += resnet_trainer.cross_entropy(logits, batch["label"][index], 10, 0.1) * len(index)
+      new.append(updates["batch_stats"])
+    return total / n, jax.tree.map(lambda *s: sum(s) / microbatches, *new)
+  return jax.device_get(jax.jit(jax.value_and_grad(loss_fn, has_aux=True))(t.state.params))
+
+
+def resnet_pipelined(t, batch, remat=False, fill=0.0):
+  one, _ = resnet_batch()
+  fn = functools.partial(resnet_trainer.pipelined_loss_and_grads, t.model, t.runtime,
+                         t.stage_cut, num_classes=10, label_smoothing=0.1, remat=remat,
+                         bubble_fill=fill)
+  return jax.device_get(jax.jit(fn)(*jax.device_get((one.state.params,
+                                                     one.state.batch_stats)), batch))
+
+
+@pytest.mark.parametrize("stages,microbatches", GRID)
+def test_resnet_pipelined_equals_the_micro_batched_step_on_one_device(stages, microbatches):
+  _, batch = resnet_batch()
+  (loss, stats), grads = resnet_reference(microbatches)
+  t = resnet(f"stage={stages},data=1", microbatches)
+  got_loss, got_grads, got_stats, iterations = resnet_pipelined(t, batch)
+  assert iterations == microbatches + stages - 1
+  assert_close(got_loss, loss)
+  assert_close(got_grads, grads)
+  assert_close(got_stats, stats)
+
+
+@pytest.mark.parametrize("mesh,microbatches,remat,fill", [
+    ("stage=2,data=2", 4, False, 0.0), ("stage=4,data=2", 2, True, float("nan")),
+    ("stage=4,data=1", 8, True, float("nan"))])
+def test_resnet_with_data_axis_remat_and_nan_bubbles(mesh, microbatches, remat, fill):
+  """With data=2 batch norm pools each micro-batch's statistics over both replicas."""
+  _, batch = resnet_batch()
+  data = int(mesh.split("data=")[1])
+  (loss, stats), grads = resnet_reference(microbatches, data)
+  got_loss, got_grads, got_stats, _ = resnet_pipelined(resnet(mesh, microbatches), batch,
+                                                       remat, fill)
+  assert np.isfinite(got_loss) and all(np.isfinite(g).all() for g in jax.tree.leaves(got_grads))
+  assert_close(got_loss, loss)
+  assert_close(got_grads, grads)
+  assert_close(got_stats, stats)
+
+
+def test_resnet_two_pipelined_steps_equal_two_micro_batched_steps():
+  """The trainer's compiled step (LARS, pipelined, remat) against the reference's gradients
+  and statistics applied by the same optimizer."""
+  one, batch = resnet_batch()
+  piped = resnet("stage=4,data=1", 4, remat=True, compiled=True)
+  state, piped_batch = one.state, piped.synthetic_batch()   # float32 images: the same values
+  for _ in range(2):
+    piped.state, _ = piped._train_step(piped.state, piped_batch)  # pylint: disable=protected-access
+    model = one.model.clone(bn_axis_name=None)
+
+    def reference(params, stats):
+      def loss_fn(p):
+        total, new = 0.0, []
+        for j in range(4):
+          logits, upd = model.apply({"params": p, "batch_stats": stats},
+                                    batch["image"][4 * j:4 * j + 4], True,
+                                    mutable=["batch_stats"])
+          total += resnet_trainer.cross_entropy(logits, batch["label"][4 * j:4 * j + 4],
+                                                10, 0.1) * 4
+          new.append(upd["batch_stats"])
+        return total / 16, jax.tree.map(lambda *s: sum(s) / 4, *new)
+      return jax.value_and_grad(loss_fn, has_aux=True)(params)
+    (_, stats), grads = jax.jit(reference)(state.params, state.batch_stats)
+    state = state.apply_gradients(grads=grads, batch_stats=stats)
+  assert_close(jax.device_get(piped.state.params), jax.device_get(state.params))
+  assert_close(jax.device_get(piped.state.batch_stats), jax.device_get(state.batch_stats))
+
+
+# ------------------------------------------------------------------ the compiled program
+def test_compiled_step_shifts_with_collective_permutes_and_remat_lowers_temporaries():
+  """The Transformer on stage=4,data=2, M=2: the forward and backward shifts are collective
+  permutes over `stage` only, each moving one boundary tensor of a micro-batch (2 rows x 12
+  x 32 float64: the encoder's output, and between decoder stages the decoder's too; what no
+  later stage reads XLA drops); the program re-materializing each iteration keeps fewer bytes
+  than the one that does not; describe reports both and the schedule's bubble."""
+  t = transformer("stage=4,data=2", 2, True)
+  found = t.runtime.collectives_by_axis(t._train_step.as_text())  # pylint: disable=protected-access
+  ops, tensors, nbytes = found[("collective-permute", "stage")]
+  assert ops in (2, 4) and tensors == ops and nbytes == tensors * 2 * 12 * 32 * 8
+  assert not [key for key in found if key[0] == "collective-permute" and key[1] != "stage"]
+  info = t.describe()["pipeline"]
+  assert 0 < info["activation_bytes_remat"] < info["activation_bytes_no_remat"]
+  assert info["iterations"] == 2 + 4 - 1
+  assert info["bubble_fraction"] == pytest.approx(3 / 5)
+  table = pipeline.schedule(4, 2)
+  assert len(table) == info["iterations"]
+  idle = sum(slot is None for row in table for slot in row) / (4 * len(table))
+  assert idle == pytest.approx(info["bubble_fraction"])
