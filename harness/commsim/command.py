@@ -75,6 +75,8 @@ def add_parser(sub):
                  help="override a workload config value")
   w.add_argument("--grad-dtype", default="float32", choices=sorted(GRAD_DTYPES),
                  help="dtype of the all-reduced gradients (default float32)")
+  w.add_argument("--peak-tflops", type=float, metavar="T",
+                 help="with --mesh stage=K: a chip's peak rate (default: the machine's)")
   w.add_argument("--mesh", metavar="data=D,model=M",
                  help="with --workload: time one step's collectives on this layout (the "
                       "gradient all-reduce over data of the bytes per device, the model axis's "
@@ -213,6 +215,14 @@ def run(args) -> int:
   if args.mesh:
     if not args.workload:
       raise UsageError("--mesh times a workload's step; allowed: with --workload W")
+    if "stage" in args.mesh:
+      from harness.commsim import pipeline_step
+      out = pipeline_step.run(args, topology, kwargs, GRAD_DTYPES[args.grad_dtype])
+      if args.json:
+        print(json.dumps(out, indent=1, default=float))
+      else:
+        pipeline_step.print_result(out, topology)
+      return 0
     out = _layout_step(args, topology, kwargs)
     if args.json:
       print(json.dumps(out, indent=1, default=float))

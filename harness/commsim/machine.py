@@ -37,6 +37,7 @@ class Preset:
   network_bandwidth: float = 0.0  # multinode: bytes/s per direction of one rail
   network_latency: float = 0.0
   source: str = ""
+  peak_flops: float = 0.0         # FLOP/s per chip (bf16 dense), for a pipeline step's compute
 
 
 PRESETS = {
@@ -44,13 +45,15 @@ PRESETS = {
     # both directions counted: 50 GB/s per direction and link. Latency and overhead: assumed.
     "tpu-v3": Preset("torus:32x32", 50e9, 1e-6, 5e-6, math.inf,
                      source="Cloud TPU v3 docs: 1024 chips, 2-D torus, 6.4 TB/s bisection "
-                            "(per-link figure derived; latencies assumed)"),
+                            "(per-link figure derived; latencies assumed); 123 TFLOP/s bf16 "
+                            "per chip", peak_flops=123e12),
     # DGX A100: NVLink 3 through NVSwitch, 600 GB/s per GPU both directions together; 8 HDR
     # InfiniBand NICs of 200 Gb/s, one per GPU (25 GB/s per direction). Latencies assumed.
     "dgx-a100": Preset("multinode:4x8", 300e9, 1e-6, 5e-6, math.inf,
                        network_bandwidth=25e9, network_latency=2.5e-6,
                        source="NVIDIA DGX A100 datasheet: NVLink 600 GB/s per GPU, 8 x 200 Gb/s "
-                              "HDR InfiniBand (latencies assumed)"),
+                              "HDR InfiniBand (latencies assumed); A100: 312 TFLOP/s bf16 dense",
+                       peak_flops=312e12),
 }
 
 

@@ -119,6 +119,22 @@ def stage_input_shapes(layer_fn, example, ranges):
   return shapes
 
 
+def layer_profile(layer_fn, variables, example, count):
+  """[(forward FLOPs, output bytes)] of each of `count` layers, `layer_fn(variables, x, i)`
+  (layer i on x, a pytree) chained from `example` (shapes only): XLA's cost analysis of each
+  layer's lowered forward, and the bytes of what it hands on (`simulate` times a pipeline's
+  stages and shifts from these)."""
+  out, x = [], example
+  for i in range(count):
+    fn = jax.jit(lambda v, h, i=i: layer_fn(v, h, i))
+    cost = fn.lower(variables, x).cost_analysis()
+    cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+    x = jax.eval_shape(fn, variables, x)
+    nbytes = sum(math.prod(a.shape) * a.dtype.itemsize for a in jax.tree.leaves(x))
+    out.append((float(cost.get("flops", 0.0)), int(nbytes)))
+  return out
+
+
 def permute_bytes_per_step(boundary_bytes_per_micro, stages, microbatches_count):
   """Bytes one device sends over `stage` per step: a boundary per iteration (the schedule's
   M + K - 1, bubbles included, as the scan sends them), 0 on one stage."""

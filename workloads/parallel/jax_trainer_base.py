@@ -213,6 +213,13 @@ class MeshTrainer:
       acc = self.accumulate(acc, self._to_host(outputs) if self.eval_on_host else outputs)
     return self.finalize(acc)
 
+  def parameter_sizes(self):
+    """{parameter path: element count}, from shapes (nothing initialised)."""
+    params = self.state.params if hasattr(self, "state") else jax.eval_shape(
+        self._create_state, jax.random.key(0)).params
+    return {jax_runtime.path_name(path): math.prod(leaf.shape)
+            for path, leaf in jax.tree_util.tree_leaves_with_path(params)}
+
   def parameter_count(self):
     """Trainable parameters, from the state's shapes (nothing initialised or compiled): what
     the gradient all-reduce moves (`simulate --workload`)."""
@@ -227,8 +234,7 @@ class MeshTrainer:
     step per device (the permutes' result bytes in the compiled step, each run once per
     iteration of its loop: forward and backward)."""
     rt, spec = self.runtime, self.spec_module.SPEC
-    sizes = {jax_runtime.path_name(path): math.prod(leaf.shape)
-             for path, leaf in jax.tree_util.tree_leaves_with_path(self.state.params)}
+    sizes = self.parameter_sizes()
     remat = self.cfg.parallel.remat
     temp = {remat: self._train_step.memory_analysis().temp_size_in_bytes}
     with rt.tracing():

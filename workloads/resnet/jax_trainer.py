@@ -139,6 +139,19 @@ class ResNetTrainer(MeshTrainer):
     self.state = self.initial_state(shardings, rng)
     self.compile_steps(self.train_step_fn(), shardings)
 
+  def layer_profile(self, rows):
+    """[(forward FLOPs, output bytes)] per pipeline layer on `rows` images (simulate)."""
+    state = jax.eval_shape(self._create_state, jax.random.key(0))
+    variables = {"params": state.params, "batch_stats": state.batch_stats}
+    size = self.cfg.data.image_size
+
+    def layer(v, x, i):
+      return self.model.apply(v, x, i, i + 1, True, method=jax_model.ResNet.layers,
+                              mutable=["batch_stats"])[0]
+    example = jax.ShapeDtypeStruct((rows, size, size, 3), jnp.float32)
+    return jax_pipeline.layer_profile(layer, variables, example,
+                                      sum(self.cfg.model.stage_sizes))
+
   def train_step_fn(self, remat=None):
     """The train step; `remat` overrides parallel.remat (describe compiles both)."""
     pipelined = None

@@ -145,6 +145,29 @@ class TransformerTrainer(MeshTrainer):
     self.state = self.initial_state(shardings, rng)
     self.compile_steps(self.train_step_fn(), shardings)
 
+  def layer_profile(self, rows):
+    """[(forward FLOPs, output bytes)] per pipeline layer on `rows` rows (simulate); the
+    output is what a stage cut after the layer sends on: the encoder's output, and once the
+    decoder has begun the decoder's too."""
+    params = jax.eval_shape(self._create_state, jax.random.key(0)).params
+    n, length = self.cfg.model.num_layers, self.cfg.data.max_length
+    ids = jax.ShapeDtypeStruct((rows, length), jnp.int32)
+    hidden = jax.ShapeDtypeStruct((rows, length, self.cfg.model.hidden_size), self.dtype)
+
+    def layer(p, carry, i):
+      boundary = {"encoded": carry["encoded"],
+                  "decoded": carry.get("decoded", jnp.zeros(hidden.shape, hidden.dtype))}
+      y, _ = self.model.apply({"params": p}, boundary, carry["inputs"], carry["targets"], None,
+                              i, i + 1, False, method=jax_model.Transformer.pipeline_layers)
+      kept = {"encoded": y["encoded"]} if i < n else y
+      return {**kept, "inputs": carry["inputs"], "targets": carry["targets"]}
+
+    profile = jax_pipeline.layer_profile(
+        layer, params, {"encoded": hidden, "inputs": ids, "targets": ids},
+        2 * n)
+    ids_bytes = 2 * rows * length * 4                 # the token ids ride along: not sent
+    return [(flops, nbytes - ids_bytes) for flops, nbytes in profile]
+
   def train_step_fn(self, remat=None):
     """The train step; `remat` overrides parallel.remat (describe compiles both)."""
     pipelined = None
