@@ -41,9 +41,10 @@ LOGICAL_AXIS_RULES = (
 LOGICAL_AXES = tuple(name for name, _ in LOGICAL_AXIS_RULES)
 
 # The mesh axes each framework runtime executes today (workloads/parallel/*_runtime.py check
-# that they agree). Expert parallelism arrives with the MoE issue, TF's stage axis after JAX's;
-# until then a mesh that uses them is a one-line error before any framework loads.
-RUNTIME_AXES = {"jax": ("data", "model", "stage", "spatial"), "tf": ("data", "model", "spatial")}
+# that they agree). Expert parallelism arrives with the MoE issue; until then a mesh that uses
+# it is a one-line error before any framework loads.
+RUNTIME_AXES = {"jax": ("data", "model", "stage", "spatial"),
+                "tf": ("data", "model", "stage", "spatial")}
 
 # Device order on the mesh, major to minor: device (or TF replica) r has coordinates
 # r = (((data * stage + s) * expert + e) * model + m) * spatial + j. Spatial slabs of one image
@@ -240,6 +241,10 @@ def check_fits(parallel: ParallelConfig, *, framework: str, workload: str,
       flag = "--spatial-partitions " if axis == "spatial" else f"--mesh {axis}="
       raise UsageError(f"{flag}{axes[axis]} does not divide the {logical} size {size}; "
                        f"allowed: a divisor of {size}")
+  if framework == "tf" and (axes["stage"] > 1 or parallel.microbatches > 1) and (
+      parallel.num_processes > 1):
+    raise UsageError(f"--mesh stage={axes['stage']} in TF: its pipeline is one graph placed "
+                     "over one host's devices; allowed: those in JAX, or one TF host")
   if framework == "tf" and axes["model"] > 1 and (
       parallel.num_processes > 1 or axes["spatial"] > 1):
     raise UsageError(f"--mesh model={axes['model']} in TF: its runtime splits weights on one "

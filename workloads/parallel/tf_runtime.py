@@ -29,7 +29,7 @@ import tensorflow as tf
 
 from harness import mesh as mesh_lib
 
-SUPPORTED_AXES = ("data", "model", "spatial")  # as harness.mesh.RUNTIME_AXES['tf'] declares
+SUPPORTED_AXES = ("data", "model", "stage", "spatial")  # harness.mesh.RUNTIME_AXES['tf']
 CPU_DEVICES_ENV = "HARNESS_CPU_DEVICES"      # set by the CLI's --cpu-devices for --framework tf
 SUM = tf.distribute.ReduceOp.SUM
 
@@ -129,7 +129,14 @@ class StrategyRuntime:
     if devices is None and data * spatial != available:
       raise ValueError(f"--mesh data={data},spatial={spatial}: a multi-worker TF run uses "
                        f"every replica of every worker ({available})")
-    self.num_replicas = data * self.model * spatial
+    # GPipe (tf_pipeline.py): one graph placed over stage x data devices, no replicas
+    self.stage, self.microbatches = shape.stage, parallel.microbatches
+    self.pipelined = self.stage > 1 or self.microbatches > 1
+    self.pipeline_devices = devices[:data * self.stage] if self.pipelined else []
+    if self.pipelined and devices is None:
+      raise ValueError(f"--mesh {shape.description}: the tf pipeline runs on one host; "
+                       "allowed: stage=K,data=D on one TF host")
+    self.num_replicas = 1 if self.pipelined else data * self.model * spatial
     if devices is not None:
       self.strategy = (_mirrored_strategy(tuple(devices[:self.num_replicas]))
                        if self.num_replicas > 1 else tf.distribute.get_strategy())
@@ -149,6 +156,10 @@ class StrategyRuntime:
   @property
   def distributed(self):
     return self.num_replicas > 1
+
+  @property
+  def num_devices(self):
+    return len(self.pipeline_devices) if self.pipelined else self.num_replicas
 
   @property
   def description(self):

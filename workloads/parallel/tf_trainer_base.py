@@ -33,7 +33,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from harness import mesh
+from harness import mesh, pipeline as gpipe
 from workloads.common.batching import eval_batches_per_host
 from workloads.parallel import tf_model_parallel, tf_runtime
 
@@ -80,7 +80,15 @@ class StrategyTrainer:
     if gbs % rt.data or gbs % rt.process_count:
       raise ValueError(f"train.global_batch_size={gbs} is not divisible by the {rt.data} data "
                        f"replicas and {rt.process_count} process(es)")
-    self.num_devices, self.data_replicas = rt.num_replicas, rt.data
+    self.num_devices, self.data_replicas = rt.num_devices, rt.data
+    # GPipe (stage axis or micro-batches): layers per stage, None without a pipeline
+    self.stage_cut = None
+    if rt.pipelined:
+      if spec.pipeline_layers is None:
+        raise ValueError(f"{spec.name} has no pipeline layers; allowed: --mesh stage=1 and "
+                         "parallel.microbatches=1")
+      self.stage_cut = gpipe.stage_cut(spec.pipeline_layers(cfg), rt.stage,
+                                       cfg.parallel.stage_layers)
     self.mesh_description = rt.description
     gpus = tf.config.list_logical_devices("GPU")
     self.device_kind = (tf.config.experimental.get_device_details(
@@ -133,7 +141,8 @@ class StrategyTrainer:
                                                                 self.decayed_shard)
                          if rt.sharded_weights else None)
     jit = self.cfg.train.jit_compile and not rt.distributed
-    self._step = tf.function(self._train_step, jit_compile=jit)
+    # a pipeline's ops are placed on its stage devices: XLA would put them on one
+    self._step = tf.function(self._train_step, jit_compile=jit and not rt.pipelined)
     self._eval_step = tf.function(self.eval_step, jit_compile=jit)
 
   def parameter_count(self):

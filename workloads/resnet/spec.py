@@ -164,6 +164,11 @@ def check_spatial_partitions(stage_sizes, image_size, spatial):
 
 def check_framework(cfg, framework):
   """Layout limits of one framework's model, decidable from the config alone."""
+  axes = cfg.parallel.axes()
+  if framework == "tf" and axes["stage"] > 1 and axes["data"] > 1:
+    raise ValueError(f"--mesh stage={axes['stage']},data={axes['data']} in TF: its pipeline "
+                     "normalises each micro-batch on its own stage device, not over data "
+                     "replicas; allowed: stage=K with data=1 in TF, or data=D in JAX")
   if framework == "tf":
     check_spatial_partitions(cfg.model.stage_sizes, cfg.data.image_size,
                              cfg.parallel.axes()["spatial"])

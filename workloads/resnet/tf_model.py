@@ -43,7 +43,7 @@ def _bottleneck(x, filters, strides, prefix, lay):
   if residual.shape[-1] != filters * 4 or strides != 1:
     residual = _conv(filters * 4, 1, strides, name=f"{prefix}_proj_conv", dtype=dtype)(residual)
     residual = lay.bn(f"{prefix}_proj_bn")(residual)
-  return layers.ReLU(dtype=dtype)(layers.Add(dtype=dtype)([residual, y]))
+  return layers.ReLU(name=f"{prefix}_out", dtype=dtype)(layers.Add(dtype=dtype)([residual, y]))
 
 
 def block_names(stage_sizes):
@@ -79,6 +79,16 @@ def resnet(stage_sizes, num_classes, width=64, image_size=224, dtype="float32", 
   x = layers.Dense(num_classes, kernel_initializer=dense_init(), name="classifier", dtype=dtype)(x)
   outputs = layers.Activation("linear", dtype=io_dtype)(x)
   return keras.Model(inputs, outputs, name="resnet")
+
+
+def stage_models(model, stage_sizes, ranges):
+  """GPipe's stages (spec.pipeline_layers: the stem with the first block, the classifier with
+  the last): Keras models over the same layers from one block's output to another's."""
+  names = [keras_prefix for keras_prefix, _ in block_names(stage_sizes)]
+  edge = lambda i: model.get_layer(f"{names[i]}_out").output
+  return [keras.Model(model.input if start == 0 else edge(start - 1),
+                      model.output if end == len(names) else edge(end - 1))
+          for start, end in ranges]
 
 
 def decayed_variables(model):

@@ -292,20 +292,57 @@ class Transformer(keras.Model):
     table = mp.read(self.embedding, x.dtype)
     return ops.cast(ops.einsum("bld,vd->blv", x, table), self.acc)
 
-  def call(self, inputs, targets, training=False, packed=None):
-    encoded, encoder_bias = self.encode(inputs, training, packed)
+  def _biases(self, inputs, targets, packed):
+    """(encoder self-attention bias, decoder self-attention bias, encoder-decoder bias)."""
     if packed is None:
+      bias = ops.where(ops.equal(inputs, PAD_ID), formulas.ATTENTION_MASK, 0.0)
+      bias = ops.cast(bias, self.acc)[:, None, None, :]
       length = targets.shape[1]
       causal = np.where(np.tril(np.ones((length, length), bool)), 0.0, formulas.ATTENTION_MASK)
-      self_bias = ops.cast(causal, self.acc)[None, None]
-      x = self._embed(shift_right(targets), training)
-    else:
-      segments = packed["targets_segmentation"]
-      self_bias = segment_bias(segments, segments, self.acc, causal=True)
-      encoder_bias = segment_bias(segments, packed["inputs_segmentation"], self.acc)
-      x = self._embed(shift_right(targets, segments), training, packed["targets_position"])
+      return bias, ops.cast(causal, self.acc)[None, None], bias
+    inputs_segments, segments = packed["inputs_segmentation"], packed["targets_segmentation"]
+    return (segment_bias(inputs_segments, inputs_segments, self.acc),
+            segment_bias(segments, segments, self.acc, causal=True),
+            segment_bias(segments, inputs_segments, self.acc))
+
+  def _embed_targets(self, targets, training, packed):
+    if packed is None:
+      return self._embed(shift_right(targets), training)
+    return self._embed(shift_right(targets, packed["targets_segmentation"]), training,
+                       packed["targets_position"])
+
+  def call(self, inputs, targets, training=False, packed=None):
+    encoded, _ = self.encode(inputs, training, packed)
+    _, self_bias, encoder_bias = self._biases(inputs, targets, packed)
+    x = self._embed_targets(targets, training, packed)
     x = self.decoder(x, self_bias, encoded, encoder_bias, training=training)
     return self.logits(x)
+
+  def pipeline_layers(self, carry, inputs, targets, packed, start, end, training=False):
+    """GPipe's view, as jax_model.Transformer.pipeline_layers: layers [start, end) of the
+    encoder layers then the decoder layers on carry {'encoded', 'decoded'} (absent entries:
+    not yet made) -> (carry, logits after the last layer, else None)."""
+    n = self.cfg.num_layers
+    encoder_bias, self_bias, encdec_bias = self._biases(inputs, targets, packed)
+    encoded, decoded = carry.get("encoded"), carry.get("decoded")
+    for i in range(start, end):
+      if i == 0:
+        x = self._embed(inputs, training,
+                        None if packed is None else packed["inputs_position"])
+        encoded = ops.cast(x, self.compute_dtype)
+      if i < n:
+        encoded = self.encoder.blocks[i](encoded, encoder_bias, training=training)
+        if i == n - 1:
+          encoded = self.encoder.output_norm(encoded)
+        continue
+      if i == n:
+        decoded = ops.cast(self._embed_targets(targets, training, packed), self.compute_dtype)
+      decoded = self.decoder.blocks[i - n](decoded, encoded, self_bias, encdec_bias,
+                                           training=training)
+    carry = {k: v for k, v in (("encoded", encoded), ("decoded", decoded)) if v is not None}
+    if end < 2 * n:
+      return carry, None
+    return carry, self.logits(self.decoder.output_norm(decoded))
 
   # ------------------------------------------------------------------ decoding
   def init_cache(self, encoded, max_decode_length):

@@ -10,8 +10,10 @@ gradient of the global mean. Eval translates with tf_beam_search.py and scores o
 """
 import tensorflow as tf
 
+from harness.pipeline import stage_ranges
 from workloads.optim import tf_optimizers
 from workloads.parallel import tf_model_parallel as mp
+from workloads.parallel import tf_pipeline
 from workloads.parallel.tf_trainer_base import StrategyTrainer
 from workloads.transformer import formulas, host_bleu, input_pipeline, spec, tf_beam_search, \
     tf_model
@@ -93,11 +95,46 @@ class TransformerTrainer(StrategyTrainer):
     return optimizer, optimizer.learning_rate_schedule
 
   def loss_and_grads(self, batch):
+    if self.stage_cut:
+      return self.pipelined_loss_and_grads(batch)
     with tf.GradientTape() as tape:
       variables = self.watch_variables(tape)
       loss = replica_loss(self.model, batch, self.cfg.optimizer.label_smoothing)
     grads = tape.gradient(loss, variables)
     # the shared embedding's lookups give IndexedSlices: dense, to add the projection's part
+    return loss, [tf.convert_to_tensor(g) for g in grads]
+
+  def pipelined_loss_and_grads(self, batch):
+    """GPipe (workloads/parallel/tf_pipeline.py) over the one list of encoder then decoder
+    layers: the loss is the sum over all target tokens divided by their count over the
+    global batch, as without a pipeline."""
+    cfg, rt = self.cfg, self.runtime
+    ranges = stage_ranges(self.stage_cut)
+    label_smoothing = cfg.optimizer.label_smoothing
+
+    def stage_fn(k):
+      start, end = ranges[k]
+
+      def fn(x, micro):
+        carry = dict(zip(("encoded", "decoded"), x))
+        carry, logits = self.model.pipeline_layers(
+            carry, micro["inputs"], micro["targets"], spec.packed_features(micro), start, end,
+            training=True)
+        if logits is None:
+          return tuple(carry[k] for k in ("encoded", "decoded") if k in carry), tf.zeros(
+              [], self.model.acc)
+        return (), smoothed_cross_entropy(logits, micro["targets"], label_smoothing)[0]
+      return fn
+
+    with tf.GradientTape() as tape:
+      total, _ = tf_pipeline.run([stage_fn(k) for k in range(len(ranges))], batch,
+                                 devices=rt.pipeline_devices, stages=rt.stage,
+                                 microbatches_count=rt.microbatches, data=rt.data,
+                                 remat=cfg.parallel.remat)
+      tokens = tf.reduce_sum(tf.cast(tf.not_equal(batch["targets"], tf_model.PAD_ID),
+                                     total.dtype))
+      loss = total / tf.maximum(tokens, 1.0)
+    grads = tape.gradient(loss, self.model.trainable_variables)
     return loss, [tf.convert_to_tensor(g) for g in grads]
 
   def eval_step(self, batch):

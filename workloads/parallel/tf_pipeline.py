@@ -1,0 +1,61 @@
+"""GPipe in TensorFlow: K stages on K devices, M micro-batches, re-materialization with
+tf.recompute_grad; the schedule and the stage cut are harness/pipeline.py's (jax_pipeline.py
+is JAX's).
+
+The pipeline is one TF graph whose ops are placed per stage (`tf.device`), as Lingvo's GPipe
+builds it: stage s of data replica d runs on device d * K + s, a micro-batch's activation
+reaches the next stage as the graph's own cross-device copy (the shift), and the backward
+pass runs where its forward ran (TF 2 colocates gradients). The executor starts an op as soon
+as its inputs are there, so stage s works on micro-batch m while stage s + 1 works on m - 1:
+the M + K - 1 iterations of the schedule below are the order the graph is written in, and
+bubbles compute nothing. Why not tf.distribute's replica context, where every replica runs
+the same function: replicas there must issue their collectives in one order (merge_call),
+and a stage's replica issues other ops (its layers' batch-norm and dropout state updates)
+than its neighbours; one graph has no such order to keep.
+
+With `remat`, each stage call is a tf.recompute_grad: the forward's activations are dropped
+and recomputed in the backward pass, and only the stage inputs are kept.
+"""
+import tensorflow as tf
+
+from harness import pipeline
+
+
+def microbatches(tree, count):
+  """{key: [b, ...]} -> `count` dicts of [b / count, ...] (rows in order)."""
+  parts = {k: tf.split(v, count, axis=0) for k, v in tree.items()}
+  return [{k: parts[k][j] for k in tree} for j in range(count)]
+
+
+def _flat(fn, keys, sent):
+  """fn(x tuple, micro dict) -> (y tuple, out) as f(*tensors) -> [*y, out], the form
+  tf.recompute_grad differentiates (positional tensors in, a list of tensors out)."""
+  def flat(*args):
+    y, out = fn(tuple(args[:sent]), dict(zip(keys, args[sent:])))
+    return list(y) + [out]
+  return flat
+
+
+def run(stage_fns, inputs, *, devices, stages, microbatches_count, data, remat=False):
+  """Builds the pipelined forward of a global batch `inputs` ({key: [B, ...]}, B split over
+  `data` replicas then each into M micro-batches). stage_fns[s](x, micro) -> (y, out): `x` is
+  the tuple of tensors stage s - 1 sent (() on stage 0), `y` what this stage sends on (() on
+  the last), `out` its scalar contribution to the step (the last stage's loss sum; 0
+  elsewhere). -> (the outs summed, iterations per replica)."""
+  total, iterations = 0.0, pipeline.iterations(stages, microbatches_count)
+  keys = sorted(inputs)
+  for d, part in enumerate(microbatches(inputs, data)):
+    micro = microbatches(part, microbatches_count)
+    sent = [()] * microbatches_count                # what each micro-batch carries forward
+    for row in pipeline.schedule(stages, microbatches_count):
+      for s, m in enumerate(row):
+        if m is None:
+          continue                                  # a bubble: nothing to run
+        with tf.device(devices[d * stages + s]):
+          flat = _flat(stage_fns[s], keys, len(sent[m]))
+          if remat:
+            flat = tf.recompute_grad(flat)
+          outputs = flat(*sent[m], *(micro[m][k] for k in keys))
+          sent[m], out = tuple(outputs[:-1]), outputs[-1]
+          total = total + out
+  return total, iterations
