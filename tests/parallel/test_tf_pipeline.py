@@ -1,0 +1,133 @@
+"""GPipe in TensorFlow (tf_pipeline.py) on logical CPU devices, in float64, checked against
+the JAX side and the one-replica TF step: ResNet's pipelined loss, gradients and new
+batch-norm statistics equal JAX's micro-batched step on one device on the same weights
+(converted with tf_model.load_flax_variables); the Transformer's pipelined loss, gradients and
+the weights after two Adam steps equal the one-replica TF trainer's (dropout off: TF's masks
+follow Keras' seed generator, which depends on the call order); tf.recompute_grad leaves no
+gradient None. With the JAX tests (test_jax_pipeline.py) and the frameworks' parity tests,
+TF pipelined = JAX pipelined = one device."""
+import jax
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from harness.workload import RunContext
+from tests.parallel.test_jax_pipeline import resnet_batch, resnet_reference
+from tests.parallel.test_tf_model_parallel import tiny_config
+from workloads.resnet import spec as resnet_spec
+from workloads.resnet import tf_model as resnet_tf_model
+from workloads.transformer import spec as transformer_spec
+
+pytestmark = pytest.mark.usefixtures("jax_float64")     # the JAX references (conftest.py)
+
+RTOL = 1e-9
+
+
+def assert_close(actual, expected, name=""):
+  np.testing.assert_allclose(np.asarray(actual), np.asarray(expected), rtol=RTOL,
+                             atol=RTOL * float(np.max(np.abs(expected))), err_msg=name)
+
+
+# ------------------------------------------------------------------ ResNet against JAX
+def tf_resnet(mesh, microbatches, remat=False):
+  cfg = resnet_spec.tiny()
+  cfg.model.stage_sizes = (2, 2)
+  cfg.data.source = "synthetic"
+  cfg.train.jit_compile = False
+  cfg.parallel.mesh, cfg.parallel.microbatches, cfg.parallel.remat = mesh, microbatches, remat
+  trainer = resnet_spec.SPEC.make_trainer("tf", cfg, RunContext(seed=0, preset="tiny"))
+  trainer.dtype = "float64"
+  trainer.build()
+  one, _ = resnet_batch()
+  variables = jax.device_get({"params": one.state.params,
+                              "batch_stats": one.state.batch_stats})
+  resnet_tf_model.load_flax_variables(trainer.model, variables, (2, 2))
+  return trainer
+
+
+@pytest.mark.parametrize("stages,microbatches,remat", [(2, 2, False), (4, 4, False),
+                                                       (4, 8, True), (2, 1, True)])
+def test_tf_resnet_pipelined_equals_jax_micro_batched_step(stages, microbatches, remat):
+  _, batch = resnet_batch()
+  (loss, stats), grads = resnet_reference(microbatches)
+  trainer = tf_resnet(f"stage={stages},data=1", microbatches, remat)
+  assert len(trainer.runtime.pipeline_devices) == stages
+  got_loss, got_grads = tf.function(trainer.loss_and_grads)(
+      {k: tf.constant(v) for k, v in batch.items()})
+  assert_close(got_loss, loss)
+  paths = resnet_tf_model.flax_path_of(trainer.model, (2, 2))
+  assert all(g is not None for g in got_grads)
+  for var, grad in zip(trainer.model.trainable_variables, got_grads):
+    expected = grads
+    for key in paths[id(var)]:
+      expected = expected[key]
+    assert_close(grad, expected, var.path)
+  by_name = {}                                       # the new moving averages
+  for keras_name, flax_path in resnet_tf_model._pairs((2, 2)):   # pylint: disable=protected-access
+    try:
+      layer = trainer.model.get_layer(keras_name)
+    except ValueError:
+      continue
+    if hasattr(layer, "moving_mean"):
+      node = stats
+      for key in flax_path:
+        node = node[key]
+      by_name[keras_name] = (layer, node)
+  for name, (layer, node) in by_name.items():
+    assert_close(layer.moving_mean.numpy(), node["mean"], name)
+    assert_close(layer.moving_variance.numpy(), node["var"], name)
+
+
+def test_tf_resnet_with_data_axis_is_refused_in_one_line(cli):
+  proc = cli("run", "resnet50", "--framework", "tf", "--cpu-devices", "4", "--mesh",
+             "stage=2,data=2", "--set", "parallel.microbatches=2")
+  assert proc.returncode == 2 and "allowed: stage=K with data=1 in TF" in proc.stderr
+
+
+# ------------------------------------------------------------------ Transformer against TF
+def tf_transformer(mesh, microbatches=1, remat=False):
+  cfg = tiny_config(mesh)
+  cfg.model.num_layers = 2
+  cfg.parallel.microbatches, cfg.parallel.remat = microbatches, remat
+  trainer = transformer_spec.SPEC.make_trainer("tf", cfg, RunContext(seed=0, preset="tiny"))
+  trainer.dtype = "float64"
+  trainer.init()
+  return trainer
+
+
+@pytest.fixture(scope="module")
+def one_replica():
+  return tf_transformer("data=1")
+
+
+def weights(trainer):
+  return {path: var.numpy() for path, var in trainer.model.variables_by_path().items()}
+
+
+@pytest.mark.parametrize("mesh,microbatches,remat", [
+    ("stage=2,data=1", 4, False), ("stage=4,data=1", 8, True), ("stage=2,data=2", 2, True),
+    ("stage=4,data=1", 1, False)])
+def test_tf_transformer_pipelined_equals_one_replica(one_replica, mesh, microbatches, remat):
+  piped = tf_transformer(mesh, microbatches, remat)
+  start = weights(one_replica)
+  for path, var in piped.model.variables_by_path().items():
+    var.assign(start[path])
+  batch = piped.train_dataset(0, 1).take(1).get_single_element()
+  loss, grads = tf.function(piped.loss_and_grads)(batch)
+  want_loss, want_grads = tf.function(one_replica.loss_and_grads)(batch)
+  assert_close(loss, want_loss)
+  assert all(g is not None for g in grads)
+  for var, g, want in zip(piped.model.trainable_variables, grads, want_grads):
+    assert_close(g, want, var.path)
+  losses = [piped.train(1)["loss"] for _ in range(2)]
+  expected = [one_replica.train(1)["loss"] for _ in range(2)]
+  assert_close(losses, expected)
+  got = weights(piped)
+  for path, value in weights(one_replica).items():
+    assert_close(got[path], value, path)
+  for path, var in one_replica.model.variables_by_path().items():   # back to the start
+    var.assign(start[path])
+  one_replica.optimizer.iterations.assign(0)
+  for slot in one_replica.optimizer.variables:
+    if slot is not one_replica.optimizer.iterations:
+      slot.assign(tf.zeros_like(slot))
