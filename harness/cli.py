@@ -358,10 +358,10 @@ def _print_pipeline(p, batch):
     print(f"  stage {i}:                {len(names)} layers ({shown}), "
           f"{stage['parameters']:,} parameters")
   print(f"  activations / device:   {p['activation_bytes_remat']:,} bytes with remat, "
-        f"{p['activation_bytes_no_remat']:,} without (compiled step's temporaries at global "
+        f"{p['activation_bytes_no_remat']:,} without ({p['activation_source']} at global "
         f"batch {batch}; this run: remat={'on' if p['remat'] else 'off'})")
   print(f"  stage shifts / device:  {p['permute_bytes_per_step']:,} bytes a step "
-        "(collective permutes, forward and backward)")
+        f"({p['shift_source']}, forward and backward)")
 
 
 def _rcp_line(benchmark, global_batch_size, preset="reference"):

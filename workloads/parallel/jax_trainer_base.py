@@ -250,7 +250,9 @@ class MeshTrainer:
             "cut": gpipe.stage_summary(spec.pipeline_layers(self.cfg), self.stage_cut, sizes),
             "remat": remat, "activation_bytes_remat": int(temp[True]),
             "activation_bytes_no_remat": int(temp[False]),
-            "permute_bytes_per_step": int(permutes[2]) * iterations}
+            "activation_source": "the compiled step's temporaries",
+            "permute_bytes_per_step": int(permutes[2]) * iterations,
+            "shift_source": "collective permutes, one an iteration, bubbles included"}
 
   def describe(self):
     """The compiled step's cost analysis, HLO and memory analysis, and the layout: bytes per

@@ -41,8 +41,10 @@ def run(stage_fns, inputs, *, devices, stages, microbatches_count, data, remat=F
   `data` replicas then each into M micro-batches). stage_fns[s](x, micro) -> (y, out): `x` is
   the tuple of tensors stage s - 1 sent (() on stage 0), `y` what this stage sends on (() on
   the last), `out` its scalar contribution to the step (the last stage's loss sum; 0
-  elsewhere). -> (the outs summed, iterations per replica)."""
+  elsewhere). -> (the outs summed, iterations per replica, bytes shifted between stages in the
+  forward pass: the backward sends as many back)."""
   total, iterations = 0.0, pipeline.iterations(stages, microbatches_count)
+  shifted = 0
   keys = sorted(inputs)
   for d, part in enumerate(microbatches(inputs, data)):
     micro = microbatches(part, microbatches_count)
@@ -58,4 +60,28 @@ def run(stage_fns, inputs, *, devices, stages, microbatches_count, data, remat=F
           outputs = flat(*sent[m], *(micro[m][k] for k in keys))
           sent[m], out = tuple(outputs[:-1]), outputs[-1]
           total = total + out
-  return total, iterations
+          if s < stages - 1:
+            shifted += sum(int(t.shape.num_elements()) * t.dtype.size for t in sent[m])
+  return total, iterations, shifted
+
+
+def forward_op_count() -> int:
+  """While a step is traced, after its forward pass: the ops so far (kept_for_backward_bytes
+  tells the forward's ops from the backward's by creation order)."""
+  return len(tf.compat.v1.get_default_graph().get_operations())
+
+
+def kept_for_backward_bytes(graph, forward_ops: int) -> int:
+  """Bytes of the forward activations a traced step keeps for its backward pass: outputs of
+  the first `forward_ops` ops (the forward) that later ops (the backward) read, other than
+  weights, inputs and constants (static shapes). Under tf.recompute_grad a stage's
+  activations are made again inside the backward pass: only its inputs are kept."""
+  ops = graph.get_operations()
+  forward = {op.name for op in ops[:forward_ops]}
+  skip = {"Const", "Placeholder", "ReadVariableOp", "VarHandleOp", "Identity", "Shape"}
+  kept = {}
+  for op in ops[forward_ops:]:
+    for t in op.inputs:
+      if t.op.name in forward and t.op.type not in skip and t.shape.is_fully_defined():
+        kept[t.name] = int(t.shape.num_elements()) * t.dtype.size
+  return sum(kept.values())

@@ -35,7 +35,7 @@ import tensorflow as tf
 
 from harness import mesh, pipeline as gpipe
 from workloads.common.batching import eval_batches_per_host
-from workloads.parallel import tf_model_parallel, tf_runtime
+from workloads.parallel import tf_model_parallel, tf_pipeline, tf_runtime
 
 
 class StrategyTrainer:
@@ -54,6 +54,11 @@ class StrategyTrainer:
 
   def loss_and_grads(self, batch):
     """This replica's share of the global loss and its gradients."""
+    raise NotImplementedError
+
+  def parameter_sizes(self):
+    """{flax parameter path ('encoder/layer_0/...'): element count} of the built model: the
+    paths spec.pipeline_layers names (a pipelining workload supplies it)."""
     raise NotImplementedError
 
   def eval_step(self, batch):
@@ -308,6 +313,33 @@ class StrategyTrainer:
       acc = self.accumulate(acc, self._drop_spatial_duplicates(outputs))
     return self.finalize(acc)
 
+  def _describe_pipeline(self):
+    """GPipe's figures, as jax_trainer_base's: the stage cut, iterations and bubble, the
+    activation bytes kept for the backward pass with and without tf.recompute_grad (from the
+    traced step's graph: tf_pipeline.kept_for_backward_bytes; TF has no memory analysis of a
+    CPU program), and the bytes shifted between stage devices per step (forward and back);
+    per device as the mean over the stage x data devices."""
+    rt, spec, parallel = self.runtime, self.spec_module.SPEC, self.cfg.parallel
+    sizes = self.parameter_sizes()
+    specs = self.batch_spec(self.cfg.train.global_batch_size)
+    kept, saved = {}, parallel.remat
+    try:
+      for remat in (True, False):
+        parallel.remat = remat
+        graph = tf.function(self.loss_and_grads).get_concrete_function(specs).graph
+        kept[remat] = tf_pipeline.kept_for_backward_bytes(graph, self.forward_ops)
+    finally:
+      parallel.remat = saved
+    iterations, n = gpipe.iterations(rt.stage, rt.microbatches), rt.num_devices
+    return {"stages": rt.stage, "microbatches": rt.microbatches, "iterations": iterations,
+            "bubble_fraction": gpipe.bubble_fraction(rt.stage, rt.microbatches),
+            "cut": gpipe.stage_summary(spec.pipeline_layers(self.cfg), self.stage_cut, sizes),
+            "remat": saved, "activation_bytes_remat": kept[True] // n,
+            "activation_bytes_no_remat": kept[False] // n,
+            "activation_source": "forward tensors the traced backward reads, mean per device",
+            "permute_bytes_per_step": 2 * self.shifted_bytes // n,
+            "shift_source": "cross-device copies of micro-batches, mean per device"}
+
   def describe(self):
     """Works before init: one replica needs only the built model and the traced (not compiled
     or run) step; several need the traced loop, whose collectives it counts."""
@@ -328,6 +360,8 @@ class StrategyTrainer:
         int(sum(np.prod(v.shape) * np.dtype(v.dtype).itemsize for v in self.optimizer.variables
                 if v is not self.optimizer.iterations))) + (
         self.model_update.state_bytes_per_replica() if self.model_update is not None else 0)
+    if self.stage_cut:
+      out["pipeline"] = self._describe_pipeline()
     if self.runtime.collective_calls:     # counted while tracing, once per replica
       n = self.runtime.num_replicas
       out["collectives_in_train_step"] = {k: v // n for k, v in

@@ -4,6 +4,7 @@ in workloads/parallel/tf_trainer_base.py; this file says what is ResNet's: the m
 norm across replica groups, halo-exchanged row slabs under spatial partitioning), LARS/SGD,
 the label-smoothed loss, top-1 counts and the ImageNet/mini/synthetic batches.
 """
+import numpy as np
 import tensorflow as tf
 
 from harness.pipeline import stage_ranges
@@ -56,6 +57,11 @@ class ResNetTrainer(StrategyTrainer):
                                    cfg.train.global_batch_size * self.runtime.spatial)
     return loss, tape.gradient(loss, self.model.trainable_variables)
 
+  def parameter_sizes(self):
+    paths = tf_model.flax_path_of(self.model, self.cfg.model.stage_sizes)
+    return {"/".join(paths[id(v)]): int(np.prod(v.shape))
+            for v in self.model.trainable_variables}
+
   def pipelined_loss_and_grads(self, batch):
     """GPipe (workloads/parallel/tf_pipeline.py): the blocks cut into stages, batch norm per
     micro-batch, the moving averages moved by the mean of the micro-batches' statistics (each
@@ -82,12 +88,13 @@ class ResNetTrainer(StrategyTrainer):
       return fn
 
     with tf.GradientTape() as tape:
-      total, _ = tf_pipeline.run([stage_fn(k) for k in range(len(stages))], batch,
+      total, _, self.shifted_bytes = tf_pipeline.run([stage_fn(k) for k in range(len(stages))], batch,
                                  devices=rt.pipeline_devices, stages=rt.stage,
                                  microbatches_count=rt.microbatches, data=rt.data,
                                  remat=cfg.parallel.remat)
       loss = total / cfg.train.global_batch_size
     recording[0] = False
+    self.forward_ops = tf_pipeline.forward_op_count()
     grads = tape.gradient(loss, self.model.trainable_variables)
     count = rt.microbatches * rt.data
     for i, (v, b) in enumerate(zip(moving, before)):

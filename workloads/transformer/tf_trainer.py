@@ -8,6 +8,7 @@ the target token count all-reduced across replicas, so summing replica gradients
 gradient of the global mean. Eval translates with tf_beam_search.py and scores on the host
 (host_bleu.py), as the JAX trainer does.
 """
+import numpy as np
 import tensorflow as tf
 
 from harness.pipeline import stage_ranges
@@ -104,6 +105,10 @@ class TransformerTrainer(StrategyTrainer):
     # the shared embedding's lookups give IndexedSlices: dense, to add the projection's part
     return loss, [tf.convert_to_tensor(g) for g in grads]
 
+  def parameter_sizes(self):
+    return {"/".join(path): int(np.prod(var.shape))
+            for path, var in self.model.variables_by_path().items()}
+
   def pipelined_loss_and_grads(self, batch):
     """GPipe (workloads/parallel/tf_pipeline.py) over the one list of encoder then decoder
     layers: the loss is the sum over all target tokens divided by their count over the
@@ -127,13 +132,14 @@ class TransformerTrainer(StrategyTrainer):
       return fn
 
     with tf.GradientTape() as tape:
-      total, _ = tf_pipeline.run([stage_fn(k) for k in range(len(ranges))], batch,
+      total, _, self.shifted_bytes = tf_pipeline.run([stage_fn(k) for k in range(len(ranges))], batch,
                                  devices=rt.pipeline_devices, stages=rt.stage,
                                  microbatches_count=rt.microbatches, data=rt.data,
                                  remat=cfg.parallel.remat)
       tokens = tf.reduce_sum(tf.cast(tf.not_equal(batch["targets"], tf_model.PAD_ID),
                                      total.dtype))
       loss = total / tf.maximum(tokens, 1.0)
+    self.forward_ops = tf_pipeline.forward_op_count()
     grads = tape.gradient(loss, self.model.trainable_variables)
     return loss, [tf.convert_to_tensor(g) for g in grads]
 
