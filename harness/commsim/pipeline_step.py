@@ -105,6 +105,7 @@ def run(args, topology, kwargs, grad_bytes_per_param):
   cut = pipeline.stage_cut(layers, stages, parallel.stage_layers)
   step = _step_time(flops, sends, stage_bytes(cut), cut, microbatches, 1.0, peak, link,
                     allreduce, remat)
+  ranges = pipeline.stage_ranges(cut)
   one_chip = 3.0 * sum(flops) * microbatches / peak    # the replica's batch on one chip
   per_replica = rows * microbatches
   table = {}
@@ -121,6 +122,9 @@ def run(args, topology, kwargs, grad_bytes_per_param):
   return {"workload": spec.name, "preset": args.preset, "layout": parallel.mesh,
           "microbatches": microbatches, "per_replica_batch": per_replica, "remat": remat,
           "peak_flops": peak, "cut": list(cut),
+          "stage_forward_s": [sum(flops[a:b]) / peak for a, b in ranges],
+          "shift_s": [link(sends[b - 1]) for a, b in ranges[:-1]],
+          "gradient_all_reduce_s": max(allreduce(b) for b in stage_bytes(cut)),
           "bubble_fraction": pipeline.bubble_fraction(stages, microbatches),
           "step_s": step, "samples_per_s": per_replica * data / step,
           "speedup_vs_one_chip": one_chip / step * data,

@@ -56,6 +56,13 @@ BAD_INPUTS = [
     (["run", "resnet50", "--num-processes", "2", "--process-id", "2", "--coordinator", "127.0.0.1:9"], "parallel.process_id=2 is out of range"),
     (["run", "resnet50", "--num-processes", "2", "--coordinator", "127.0.0.1:9"], "needs --seed"),
     (["run", "resnet50", "--cpu-devices", "4", "--mesh", "data=8"], "needs 8 devices; 4 available"),
+    (["run", "resnet50", "--cpu-devices", "8", "--mesh", "stage=8"], "--mesh stage=8 leaves a stage empty: the model has 4 layers to cut; allowed: stage <= 4"),
+    (["run", "transformer", "--mesh", "stage=2", "--set", "parallel.stage_layers=3,0"], "parallel.stage_layers='3,0' does not cut 4 layers into 2 stages; allowed: 2 counts >= 1 summing to 4"),
+    (["run", "transformer", "--cpu-devices", "4", "--mesh", "stage=2", "--set", "parallel.microbatches=5"], "parallel.microbatches=5 does not divide the per-replica batch (32 = 64 / 2 data replicas); allowed: a divisor of 32"),
+    (["run", "bert", "--set", "parallel.microbatches=2"], "bert has no pipeline layers"),
+    (["run", "transformer", "--mesh", "stage=2,model=2"], "--mesh stage=2 with model=2: the pipeline runs over stage and data only"),
+    (["run", "transformer", "--set", "parallel.microbatches=0"], "parallel.microbatches=0 is out of range"),
+    (["run", "transformer", "--framework", "tf", "--mesh", "data=1,stage=2", "--num-processes", "2", "--coordinator", "127.0.0.1:9", "--seed", "1"], "--mesh stage=2 in TF: its pipeline is one graph placed over one host's devices"),
 ]
 
 

@@ -36,13 +36,15 @@ def _fits(text, framework="jax", workload="bert", **kw):
 
 
 @pytest.mark.parametrize("text, kw, message", [
-    ("data=2,stage=2", {"framework": "tf"}, "--mesh axis stage=2: the tf runtime does not run "
-                                            "it yet; allowed axes: data, model, spatial"),
+    ("data=2,expert=2", {"framework": "tf"}, "--mesh axis expert=2: the tf runtime does not "
+                                             "run it yet; allowed axes: data, model, stage, "
+                                             "spatial"),
     # a model axis must split the heads (Mesh-TF's layout); d_ff and vocab may stay whole
     ("data=1,model=8", {}, "--mesh model=8 does not divide the heads size 4; allowed: a "
                            "divisor of 4"),
     ("data=2,model=2", {"workload": "resnet50"}, "resnet50 has no dimension laid out on it; "
-                                                 "allowed axes for resnet50: data, spatial"),
+                                                 "allowed axes for resnet50: data, stage, "
+                                                 "spatial"),
     ("data=4,spatial=2", {}, "bert has no dimension laid out on it; allowed axes for bert: data"),
     ("data=3", {}, "train.global_batch_size=32 is not divisible by the data axis"),
     ("data=16", {"devices": 8}, "needs 16 devices; 8 available"),

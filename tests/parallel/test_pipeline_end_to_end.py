@@ -1,7 +1,10 @@
 """GPipe mini runs through the command line, as a user starts them: the Transformer on
-stage=2,data=2 with 4 micro-batches and ResNet-50 on stage=4 with 8 (4 simulated devices)
-reach their mini targets, the row records the layout and the log passes the official checker;
-describe prints the cut, the bubble and memory with and without re-materialization."""
+stage=2,data=2 with 4 micro-batches and ResNet-50 on stage=4 with 8 (4 simulated devices), in
+JAX and TF, reach their mini targets, the row records the layout and the log passes the
+official checker; describe prints the cut, the bubble and memory with and without
+re-materialization; simulate times the schedule."""
+import json
+
 import pytest
 
 from tests.conftest import run_to_target
@@ -9,7 +12,9 @@ from tests.conftest import run_to_target
 pytestmark = pytest.mark.slow
 
 RUNS = [("jax", "transformer", "4", "data=2,stage=2", 85.0, "4"),
-        ("jax", "resnet50", "4", "data=1,stage=4", 0.9, "8")]
+        ("jax", "resnet50", "4", "data=1,stage=4", 0.9, "8"),
+        ("tf", "transformer", "4", "data=2,stage=2", 85.0, "4"),
+        ("tf", "resnet50", "4", "data=1,stage=4", 0.9, "8")]
 
 
 @pytest.mark.parametrize("framework,workload,devices,layout,target,microbatches", RUNS)
@@ -41,3 +46,36 @@ def test_describe_prints_the_cut_the_bubble_and_memory_with_and_without_remat(cl
   with_remat, without = (int(w.replace(",", "")) for w in line.split()[3:8:4])
   assert 0 < with_remat < without
   assert f"{2 * 5 * 8 * 24 * 64 * 4:,} bytes a step" in out
+
+
+def test_tf_describe_keeps_fewer_activations_with_recompute_grad(cli):
+  """tf.recompute_grad keeps each stage's input, not its activations (the traced graph's
+  forward tensors that the backward reads)."""
+  proc = cli("describe", "resnet50", "--framework", "tf", "--cpu-devices", "4", "--mesh",
+             "stage=4", "--set", "parallel.microbatches=8")
+  assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+  line = next(l for l in proc.stdout.splitlines() if l.startswith("  activations / device:"))
+  with_remat, without = (int(w.replace(",", "")) for w in line.split()[3:8:4])
+  assert 0 < with_remat < without / 4
+  assert "4 stages x 8 micro-batches, 11 iterations a step, bubble" in proc.stdout
+
+
+def test_simulate_times_the_schedule_from_the_stages_forward_time(cli):
+  """Links free (no latency, overhead or per-byte time: 1e9 GB/s): a step is M + K - 1
+  forward iterations of the slowest stage and as many backward ones at twice its time; one
+  chip does 3 x every layer's forward for the whole replica batch."""
+  proc = cli("simulate", "--workload", "transformer", "--preset", "mini", "--mesh", "stage=4",
+             "--set", "parallel.microbatches=8", "--topology", "ring:4", "--peak-tflops", "100",
+             "--link-bandwidth", "1e9", "--link-latency", "0", "--overhead", "0", "--json")
+  assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+  out = json.loads(proc.stdout)
+  stage = out["stage_forward_s"]
+  assert out["cut"] == [1, 1, 1, 1] and len(stage) == 4
+  assert out["step_s"] == pytest.approx((8 + 4 - 1) * 3 * max(stage), rel=1e-6)
+  assert out["speedup_vs_one_chip"] == pytest.approx(3 * 8 * sum(stage) / out["step_s"],
+                                                     rel=1e-6)
+  assert out["bubble_fraction"] == pytest.approx(3 / 11)
+  table = out["throughput_vs_k2_m1"]
+  assert table["K=1,M=1"] == pytest.approx(table["K=1,M=32"])   # one stage: no bubble
+  for k in (2, 4):
+    assert table[f"K={k},M=1"] < table[f"K={k},M=4"] < table[f"K={k},M=32"]
