@@ -192,6 +192,7 @@ def assert_same_saved_run(multi_path, one_path, count):
 LONG_FILES = (
     "tests/parallel/test_tf_model_parallel_end_to_end.py",
     "tests/parallel/test_jax_pipeline.py",
+    "tests/parallel/test_tf_pipeline.py",
     "tests/parallel/test_pipeline_end_to_end.py",
     "tests/parallel/test_tf_model_parallel.py",
     "tests/parallel/test_model_parallel_end_to_end.py",

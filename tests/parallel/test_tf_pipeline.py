@@ -2,8 +2,8 @@
 the JAX side and the one-replica TF step: ResNet's pipelined loss, gradients and new
 batch-norm statistics equal JAX's micro-batched step on one device on the same weights
 (converted with tf_model.load_flax_variables); the Transformer's pipelined loss, gradients and
-the weights after two Adam steps equal the one-replica TF trainer's (dropout off: TF's masks
-follow Keras' seed generator, which depends on the call order); tf.recompute_grad leaves no
+the weights after two Adam steps equal the one-replica TF trainer's, with dropout too (its masks
+are keyed by step, layer and example: tf_layers.ExampleDropout); tf.recompute_grad leaves no
 gradient None. With the JAX tests (test_jax_pipeline.py) and the frameworks' parity tests,
 TF pipelined = JAX pipelined = one device."""
 import jax
@@ -85,9 +85,10 @@ def test_tf_resnet_with_data_axis_is_refused_in_one_line(cli):
 
 
 # ------------------------------------------------------------------ Transformer against TF
-def tf_transformer(mesh, microbatches=1, remat=False):
+def tf_transformer(mesh, microbatches=1, remat=False, dropout=0.0):
   cfg = tiny_config(mesh)
   cfg.model.num_layers = 2
+  cfg.model.dropout = cfg.model.attention_dropout = cfg.model.relu_dropout = dropout
   cfg.parallel.microbatches, cfg.parallel.remat = microbatches, remat
   trainer = transformer_spec.SPEC.make_trainer("tf", cfg, RunContext(seed=0, preset="tiny"))
   trainer.dtype = "float64"
@@ -131,3 +132,22 @@ def test_tf_transformer_pipelined_equals_one_replica(one_replica, mesh, microbat
   for slot in one_replica.optimizer.variables:
     if slot is not one_replica.optimizer.iterations:
       slot.assign(tf.zeros_like(slot))
+
+
+def test_tf_dropout_masks_do_not_depend_on_stages_or_micro_batches():
+  """Dropout on (0.1 everywhere): the pipelined step (K=2, data=2, M=2, re-materialized: the
+  recomputed forward redraws the same masks) gives the one replica's loss and gradients."""
+  one = tf_transformer("data=1", dropout=0.1)
+  piped = tf_transformer("stage=2,data=2", 2, remat=True, dropout=0.1)
+  plain = tf_transformer("data=1")
+  for trainer in (piped, plain):
+    for path, var in trainer.model.variables_by_path().items():
+      var.assign(one.model.variables_by_path()[path].numpy())
+  batch = piped.train_dataset(0, 1).take(1).get_single_element()
+  loss, grads = tf.function(piped.loss_and_grads)(batch)
+  want_loss, want_grads = tf.function(one.loss_and_grads)(batch)
+  no_dropout = tf.function(plain.loss_and_grads)(batch)[0]
+  assert abs(float(want_loss) - float(no_dropout)) > 1e-3      # the masks are on
+  assert_close(loss, want_loss)
+  for var, g, want in zip(piped.model.trainable_variables, grads, want_grads):
+    assert_close(g, want, var.path)

@@ -1,7 +1,11 @@
 """Keras layers that run a convolutional model across replicas (tf_runtime.StrategyRuntime):
 cross-replica batch norm over groups of replicas, the spatial halo exchange, and the global
-average pool over a split image. With one replica each is the plain Keras computation.
+average pool over a split image. With one replica each is the plain Keras computation. And
+ExampleDropout, dropout keyed by example (jax_layers.py is JAX's).
 """
+import contextlib
+import threading
+
 import keras
 import tensorflow as tf
 from keras import layers
@@ -138,3 +142,43 @@ class RuntimeLayers:
     if self.runtime is None or self.runtime.spatial == 1:
       return layers.GlobalAveragePooling2D(dtype=self.dtype)(x)
     return SpatialGlobalAveragePool(self.runtime, dtype=self.dtype)(x)
+
+
+# ------------------------------------------------------------------ example-keyed dropout
+_EXAMPLES = threading.local()       # per replica thread (tf.distribute traces one per replica)
+
+
+@contextlib.contextmanager
+def examples(step, ids):
+  """While a model is applied in training: `step` (the optimizer's iteration) and `ids` [b],
+  the global batch indices of its rows; ExampleDropout keys its masks by them."""
+  saved = getattr(_EXAMPLES, "value", None)
+  _EXAMPLES.value = {"step": step, "ids": ids, "calls": {}}
+  try:
+    yield
+  finally:
+    _EXAMPLES.value = saved
+
+
+class ExampleDropout(layers.Dropout):
+  """Dropout whose mask for one example depends on (step, layer, call, example) only, as
+  jax_layers.ExampleDropout: a GPipe run's masks do not depend on the stage cut or the
+  micro-batches. `key` numbers the layer in its model (the model sets it); each call of the
+  layer inside one `examples` context counts as another call site (a residual dropout used
+  twice), and a re-materialized stage opens its context again, so it redraws the same masks.
+  Outside an `examples` context: Keras' dropout."""
+  key = 0
+
+  def call(self, inputs, training=False):
+    context = getattr(_EXAMPLES, "value", None)
+    if not training or self.rate == 0.0 or context is None:
+      return super().call(inputs, training=training)
+    call = context["calls"][self.key] = context["calls"].get(self.key, -1) + 1
+    base = tf.stack([tf.cast(context["step"], tf.int64),
+                     tf.constant(self.key * 1024 + call, tf.int64)])
+    shape = tf.shape(inputs)[1:]
+    draw = lambda i: tf.random.stateless_uniform(
+        shape, seed=tf.random.experimental.stateless_fold_in(base, i), dtype=tf.float32)
+    keep = tf.vectorized_map(draw, tf.cast(context["ids"], tf.int64)) >= self.rate
+    scale = tf.cast(1.0 / (1.0 - self.rate), inputs.dtype)
+    return tf.where(keep, inputs * scale, tf.zeros_like(inputs))

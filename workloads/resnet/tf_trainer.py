@@ -88,10 +88,10 @@ class ResNetTrainer(StrategyTrainer):
       return fn
 
     with tf.GradientTape() as tape:
-      total, _, self.shifted_bytes = tf_pipeline.run([stage_fn(k) for k in range(len(stages))], batch,
-                                 devices=rt.pipeline_devices, stages=rt.stage,
-                                 microbatches_count=rt.microbatches, data=rt.data,
-                                 remat=cfg.parallel.remat)
+      total, _, self.shifted_bytes = tf_pipeline.run(
+          [stage_fn(k) for k in range(len(stages))], batch, devices=rt.pipeline_devices,
+          stages=rt.stage, microbatches_count=rt.microbatches, data=rt.data,
+          remat=cfg.parallel.remat)
       loss = total / cfg.train.global_batch_size
     recording[0] = False
     self.forward_ops = tf_pipeline.forward_op_count()

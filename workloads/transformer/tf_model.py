@@ -18,6 +18,7 @@ import numpy as np
 import keras
 from keras import layers, ops
 
+from workloads.parallel import tf_layers
 from workloads.parallel import tf_model_parallel as mp
 from workloads.transformer import formulas
 
@@ -96,7 +97,7 @@ class Attention(Block):
     self.output_projection = Projection((num_heads, kv, hidden_size), "blnh,nhd->bld", fans,
                                         runtime, 0, "row", name="output",
                                         dtype=self.dtype_policy)
-    self.weights_dropout = layers.Dropout(dropout, dtype=self.dtype_policy)
+    self.weights_dropout = tf_layers.ExampleDropout(dropout, dtype=self.dtype_policy)
 
   def sublayers(self):
     return {"query": self.query, "key": self.key, "value": self.value,
@@ -132,7 +133,7 @@ class FeedForward(Block):
       self.output_dense = layers.Dense(hidden_size, name="output",
                                        kernel_initializer="glorot_uniform",
                                        dtype=self.dtype_policy)
-    self.relu_dropout = layers.Dropout(dropout, dtype=self.dtype_policy)
+    self.relu_dropout = tf_layers.ExampleDropout(dropout, dtype=self.dtype_policy)
 
   def sublayers(self):
     return {"filter": self.filter, "output": self.output_dense}
@@ -151,7 +152,7 @@ class EncoderLayer(Block):
     self.ffn = FeedForward(cfg.hidden_size, cfg.filter_size, cfg.relu_dropout, runtime,
                            name="ffn", dtype=p)
     self.ffn_norm = LayerNorm(cfg.hidden_size, name="ffn_norm", dtype=p)
-    self.residual_dropout = layers.Dropout(cfg.dropout, dtype=p)
+    self.residual_dropout = tf_layers.ExampleDropout(cfg.dropout, dtype=p)
 
   def sublayers(self):
     return {"self_attention": self.self_attention, "self_attention_norm": self.self_attention_norm,
@@ -178,7 +179,7 @@ class DecoderLayer(Block):
     self.ffn = FeedForward(cfg.hidden_size, cfg.filter_size, cfg.relu_dropout, runtime,
                            name="ffn", dtype=p)
     self.ffn_norm = norm("ffn_norm")
-    self.residual_dropout = layers.Dropout(cfg.dropout, dtype=p)
+    self.residual_dropout = tf_layers.ExampleDropout(cfg.dropout, dtype=p)
 
   def sublayers(self):
     return {"self_attention": self.self_attention, "self_attention_norm": self.self_attention_norm,
@@ -245,7 +246,13 @@ class Transformer(keras.Model):
         keras.initializers.RandomNormal(stddev=c.hidden_size ** -0.5))
     self.encoder = Stack(c, EncoderLayer, runtime, name="encoder", dtype=self.dtype_policy)
     self.decoder = Stack(c, DecoderLayer, runtime, name="decoder", dtype=self.dtype_policy)
-    self.embedding_dropout = layers.Dropout(c.dropout, dtype=self.dtype_policy)
+    self.embedding_dropout = tf_layers.ExampleDropout(c.dropout, dtype=self.dtype_policy)
+    self.target_embedding_dropout = tf_layers.ExampleDropout(c.dropout,
+                                                             dtype=self.dtype_policy)
+    dropouts = [layer for layer in self._flatten_layers()
+                if isinstance(layer, tf_layers.ExampleDropout)]
+    for key, layer in enumerate(dropouts):       # construction order: the same every build
+      layer.key = key
 
   def build(self, *args, **kwargs):
     """Every weight is made in __init__ or by a sublayer on its first call (as Block's)."""
@@ -265,12 +272,13 @@ class Transformer(keras.Model):
     mask = ops.cast(ops.not_equal(ids, PAD_ID), x.dtype)[..., None]
     return x * mask * self.cfg.hidden_size ** 0.5
 
-  def _embed(self, ids, training, positions=None):
+  def _embed(self, ids, training, positions=None, target=False):
     table = formulas.position_encoding(ids.shape[1], self.cfg.hidden_size)
     x = self._lookup(ids)
     table = table[None] if positions is None else ops.take(table, positions, axis=0)
     x = x + ops.cast(table, x.dtype)
-    return self.embedding_dropout(x, training=training)
+    dropout = self.target_embedding_dropout if target else self.embedding_dropout
+    return dropout(x, training=training)
 
   def encode(self, inputs, training=False, packed=None):
     """-> (encoder outputs, their attention bias); `packed` as in jax_model.Transformer."""
@@ -307,9 +315,9 @@ class Transformer(keras.Model):
 
   def _embed_targets(self, targets, training, packed):
     if packed is None:
-      return self._embed(shift_right(targets), training)
+      return self._embed(shift_right(targets), training, target=True)
     return self._embed(shift_right(targets, packed["targets_segmentation"]), training,
-                       packed["targets_position"])
+                       packed["targets_position"], target=True)
 
   def call(self, inputs, targets, training=False, packed=None):
     encoded, _ = self.encode(inputs, training, packed)

@@ -14,7 +14,7 @@ import tensorflow as tf
 from harness.pipeline import stage_ranges
 from workloads.optim import tf_optimizers
 from workloads.parallel import tf_model_parallel as mp
-from workloads.parallel import tf_pipeline
+from workloads.parallel import tf_layers, tf_pipeline
 from workloads.parallel.tf_trainer_base import StrategyTrainer
 from workloads.transformer import formulas, host_bleu, input_pipeline, spec, tf_beam_search, \
     tf_model
@@ -95,10 +95,17 @@ class TransformerTrainer(StrategyTrainer):
     optimizer = tf_optimizers.make_adam(self.cfg.optimizer, self.schedule)
     return optimizer, optimizer.learning_rate_schedule
 
+  def example_ids(self, rows):
+    """Global batch indices of this replica's `rows` training rows (dropout keys)."""
+    rt = self.runtime
+    first = rt.data_index() * rows if rt.distributed else 0
+    return tf.range(tf.cast(rows, tf.int64)) + tf.cast(first, tf.int64)
+
   def loss_and_grads(self, batch):
     if self.stage_cut:
       return self.pipelined_loss_and_grads(batch)
-    with tf.GradientTape() as tape:
+    rows = tf.shape(batch["targets"])[0]
+    with tf.GradientTape() as tape, tf_layers.examples(self.iterations, self.example_ids(rows)):
       variables = self.watch_variables(tape)
       loss = replica_loss(self.model, batch, self.cfg.optimizer.label_smoothing)
     grads = tape.gradient(loss, variables)
@@ -122,20 +129,23 @@ class TransformerTrainer(StrategyTrainer):
 
       def fn(x, micro):
         carry = dict(zip(("encoded", "decoded"), x))
-        carry, logits = self.model.pipeline_layers(
-            carry, micro["inputs"], micro["targets"], spec.packed_features(micro), start, end,
-            training=True)
+        with tf_layers.examples(self.iterations, micro["example"]):
+          carry, logits = self.model.pipeline_layers(
+              carry, micro["inputs"], micro["targets"], spec.packed_features(micro), start,
+              end, training=True)
         if logits is None:
           return tuple(carry[k] for k in ("encoded", "decoded") if k in carry), tf.zeros(
               [], self.model.acc)
         return (), smoothed_cross_entropy(logits, micro["targets"], label_smoothing)[0]
       return fn
 
+    rows = batch["targets"].shape[0]
+    batch = {**batch, "example": tf.range(rows, dtype=tf.int64)}  # dropout keys, split as rows
     with tf.GradientTape() as tape:
-      total, _, self.shifted_bytes = tf_pipeline.run([stage_fn(k) for k in range(len(ranges))], batch,
-                                 devices=rt.pipeline_devices, stages=rt.stage,
-                                 microbatches_count=rt.microbatches, data=rt.data,
-                                 remat=cfg.parallel.remat)
+      total, _, self.shifted_bytes = tf_pipeline.run(
+          [stage_fn(k) for k in range(len(ranges))], batch, devices=rt.pipeline_devices,
+          stages=rt.stage, microbatches_count=rt.microbatches, data=rt.data,
+          remat=cfg.parallel.remat)
       tokens = tf.reduce_sum(tf.cast(tf.not_equal(batch["targets"], tf_model.PAD_ID),
                                      total.dtype))
       loss = total / tf.maximum(tokens, 1.0)
