@@ -82,6 +82,16 @@ def summed_gradients(trainer):
   return out
 
 
+def restart(trainer, weights):
+  """A trainer back at `weights` ({path: value}) with fresh optimizer state and step 0."""
+  for path, var in trainer.model.variables_by_path().items():
+    var.assign(weights[path])
+  trainer.optimizer.iterations.assign(0)
+  for slot in trainer.optimizer.variables:
+    if slot is not trainer.optimizer.iterations:
+      slot.assign(tf.zeros_like(slot))
+
+
 def assert_same(a, b):
   assert set(a) == set(b)
   for path in a:
@@ -118,12 +128,7 @@ def test_transformer_model_parallel_equals_one_replica(one_replica, mesh, wus):
   assert_same(summed_gradients(sharded), summed_gradients(one_replica))
   losses = [sharded.train(1)["loss"] for _ in range(2)]
   sharded_weights = whole_weights(sharded)
-  for path, var in one_replica.model.variables_by_path().items():   # back to the start
-    var.assign(start[path])
-  one_replica.optimizer.iterations.assign(0)
-  for slot in one_replica.optimizer.variables:
-    if slot is not one_replica.optimizer.iterations:
-      slot.assign(tf.zeros_like(slot))
+  restart(one_replica, start)
   expected = [one_replica.train(1)["loss"] for _ in range(2)]
   np.testing.assert_allclose(losses, expected, rtol=RTOL)
   assert_same(sharded_weights, whole_weights(one_replica))

@@ -13,7 +13,7 @@ import tensorflow as tf
 
 from harness.workload import RunContext
 from tests.parallel.test_jax_pipeline import resnet_batch, resnet_reference
-from tests.parallel.test_tf_model_parallel import tiny_config
+from tests.parallel.test_tf_model_parallel import restart, tiny_config
 from workloads.resnet import spec as resnet_spec
 from workloads.resnet import tf_model as resnet_tf_model
 from workloads.transformer import spec as transformer_spec
@@ -126,12 +126,7 @@ def test_tf_transformer_pipelined_equals_one_replica(one_replica, mesh, microbat
   got = weights(piped)
   for path, value in weights(one_replica).items():
     assert_close(got[path], value, path)
-  for path, var in one_replica.model.variables_by_path().items():   # back to the start
-    var.assign(start[path])
-  one_replica.optimizer.iterations.assign(0)
-  for slot in one_replica.optimizer.variables:
-    if slot is not one_replica.optimizer.iterations:
-      slot.assign(tf.zeros_like(slot))
+  restart(one_replica, start)                      # for the module's next test
 
 
 def test_tf_dropout_masks_do_not_depend_on_stages_or_micro_batches():

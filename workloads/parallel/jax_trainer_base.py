@@ -23,6 +23,7 @@ padding included: accumulate drops the examples whose 'mask' is 0), so every eva
 counts exactly once.
 """
 import collections
+import functools
 import math
 
 import jax
@@ -129,6 +130,16 @@ class MeshTrainer:
     """Shardings of the state `create_state(rng)` builds, per the runtime's layout rules."""
     return self.runtime.state_shardings(jax.eval_shape(create_state, rng),
                                         self.spec_module.PARAM_AXES)
+
+  def pipelined(self, loss_and_grads, remat=None):
+    """A workload's GPipe `loss_and_grads(model, runtime, cut, ..., remat=)` with the model,
+    runtime and stage cut bound (None without a pipeline); `remat` overrides parallel.remat
+    (describe compiles both)."""
+    if not self.stage_cut:
+      return None
+    remat = self.cfg.parallel.remat if remat is None else remat
+    return functools.partial(loss_and_grads, self.model, self.runtime, self.stage_cut,
+                             remat=remat)
 
   def compile_steps(self, train_step, state_shardings):
     """AOT-compiles the train step (state donated) and, where there is an eval split, the eval

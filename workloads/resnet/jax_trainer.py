@@ -154,15 +154,10 @@ class ResNetTrainer(MeshTrainer):
 
   def train_step_fn(self, remat=None):
     """The train step; `remat` overrides parallel.remat (describe compiles both)."""
-    pipelined = None
-    if self.stage_cut:
-      remat = self.cfg.parallel.remat if remat is None else remat
-      pipelined = functools.partial(pipelined_loss_and_grads, self.model, self.runtime,
-                                    self.stage_cut, remat=remat)
     return functools.partial(train_step, runtime=self.runtime,
                              num_classes=self.cfg.model.num_classes,
                              label_smoothing=self.cfg.optimizer.label_smoothing,
-                             pipelined=pipelined)
+                             pipelined=self.pipelined(pipelined_loss_and_grads, remat))
 
   def eval_step(self, state, batch):
     return eval_step(state, batch)
