@@ -80,8 +80,9 @@ def run(args, topology, kwargs, grad_bytes_per_param):
   peak = (args.peak_tflops * 1e12 if args.peak_tflops else
           preset.peak_flops if preset and preset.peak_flops else 0.0)
   if peak <= 0:
+    rated = "/".join(n for n, p in machine_lib.PRESETS.items() if p.peak_flops)
     raise UsageError("a pipeline step is timed at a peak rate; allowed: --peak-tflops T (> 0) "
-                     f"or --machine {'/'.join(n for n, p in machine_lib.PRESETS.items() if p.peak_flops)}")
+                     f"or --machine {rated}")
   profile = trainer.layer_profile(rows)
   flops, sends = [f for f, _ in profile], [b for _, b in profile]
   layers = spec.pipeline_layers(cfg)
