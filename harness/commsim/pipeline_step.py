@@ -70,12 +70,13 @@ def _step_time(flops, sends, stage_bytes, cut, microbatches, scale, peak, link, 
 
 
 def run(args, topology, kwargs, grad_bytes_per_param):
-  spec, cfg, parallel, data, rows, trainer = _profile(args)
-  stages, microbatches = parallel.axes()["stage"], parallel.microbatches
+  axes = mesh_lib.ParallelConfig(mesh=args.mesh).axes()    # checked before any framework
   kind, shape = machine_lib.parse_topology(topology)
-  if stages * data != math.prod(shape):
-    raise UsageError(f"--mesh {args.mesh} needs {stages * data} chips; --topology {topology} "
-                     f"has {math.prod(shape)}; allowed: K x D = the chips")
+  if axes["stage"] * max(axes["data"], 1) != math.prod(shape):
+    raise UsageError(f"--mesh {args.mesh} needs {axes['stage'] * max(axes['data'], 1)} chips; "
+                     f"--topology {topology} has {math.prod(shape)}; allowed: K x D = the chips")
+  if args.peak_tflops is not None and not args.peak_tflops > 0:
+    raise UsageError(f"--peak-tflops {args.peak_tflops} is out of range; allowed: > 0")
   preset = machine_lib.PRESETS.get(args.machine or "")
   peak = (args.peak_tflops * 1e12 if args.peak_tflops else
           preset.peak_flops if preset and preset.peak_flops else 0.0)
@@ -83,6 +84,8 @@ def run(args, topology, kwargs, grad_bytes_per_param):
     rated = "/".join(n for n, p in machine_lib.PRESETS.items() if p.peak_flops)
     raise UsageError("a pipeline step is timed at a peak rate; allowed: --peak-tflops T (> 0) "
                      f"or --machine {rated}")
+  spec, cfg, parallel, data, rows, trainer = _profile(args)
+  stages, microbatches = parallel.axes()["stage"], parallel.microbatches
   profile = trainer.layer_profile(rows)
   flops, sends = [f for f, _ in profile], [b for _, b in profile]
   layers = spec.pipeline_layers(cfg)

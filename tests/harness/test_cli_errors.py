@@ -62,6 +62,8 @@ BAD_INPUTS = [
     (["run", "bert", "--set", "parallel.microbatches=2"], "bert has no pipeline layers"),
     (["run", "transformer", "--mesh", "stage=2,model=2"], "--mesh stage=2 with model=2: the pipeline runs over stage and data only"),
     (["run", "transformer", "--set", "parallel.microbatches=0"], "parallel.microbatches=0 is out of range"),
+    (["simulate", "--workload", "transformer", "--preset", "mini", "--mesh", "stage=2", "--topology", "ring:2", "--peak-tflops", "-1"], "--peak-tflops -1.0 is out of range; allowed: > 0"),
+    (["simulate", "--workload", "transformer", "--preset", "mini", "--mesh", "stage=2", "--topology", "ring:4", "--peak-tflops", "1"], "--mesh stage=2 needs 2 chips; --topology ring:4 has 4"),
     (["run", "transformer", "--framework", "tf", "--mesh", "data=1,stage=2", "--num-processes", "2", "--coordinator", "127.0.0.1:9", "--seed", "1"], "--mesh stage=2 in TF: its pipeline is one graph placed over one host's devices"),
 ]
 
