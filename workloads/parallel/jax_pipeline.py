@@ -25,7 +25,6 @@ import math
 
 import jax
 import jax.numpy as jnp
-
 from jax.sharding import PartitionSpec as P
 
 from workloads.parallel.jax_runtime import DATA
@@ -133,18 +132,3 @@ def layer_profile(layer_fn, variables, example, count):
     nbytes = sum(math.prod(a.shape) * a.dtype.itemsize for a in jax.tree.leaves(x))
     out.append((float(cost.get("flops", 0.0)), int(nbytes)))
   return out
-
-
-def permute_bytes_per_step(boundary_bytes_per_micro, stages, microbatches_count):
-  """Bytes one device sends over `stage` per step: a boundary per iteration (the schedule's
-  M + K - 1, bubbles included, as the scan sends them), 0 on one stage."""
-  if stages == 1:
-    return 0
-  return int(boundary_bytes_per_micro) * (stages + microbatches_count - 1)
-
-
-def fill_like(tree, value):
-  return jax.tree.map(lambda x: jnp.full(x.shape, value, x.dtype), tree)
-
-
-
