@@ -72,6 +72,11 @@ def _mfu(flops_per_example, throughput, device_kind, num_devices, precision):
   return None
 
 
+def _extra(metrics) -> str:
+  """A trainer's own figures for the progress line (an MoE model's router: 'router z ...')."""
+  return f"{metrics['progress']} | " if metrics.get("progress") else ""
+
+
 class Run:
   """One timed run: logs, stops at the target or the budget, and yields a ResultRow."""
 
@@ -189,7 +194,8 @@ class Run:
       row["abort_reason"] = f"non-finite loss {metrics['loss']}"
       return
     row["status"] = C.SUCCESS
-    self._print(f"{steps} steps | {row['throughput']:.1f} samples/s | loss {metrics['loss']:.4f}")
+    self._print(f"{steps} steps | {row['throughput']:.1f} samples/s | loss {metrics['loss']:.4f}"
+                + (f" | {metrics['progress']}" if metrics.get("progress") else ""))
 
   def _train_to_target(self, log, per_epoch, max_steps, row):
     cfg, trainer, metric = self.cfg, self.trainer, self.spec.metric
@@ -227,11 +233,12 @@ class Run:
       if self.tb:
         self.tb.scalars(steps_done, {"train/loss": metrics["loss"], "train/lr": metrics["lr"],
                                      f"eval/{metric.name}": value,
-                                     "train/samples_per_s": row["throughput"]})
+                                     "train/samples_per_s": row["throughput"],
+                                     **metrics.get("scalars", {})})
       self._print(f"{progress} | {steps_done * gbs / train_time:.1f}"
                   f" samples/s | loss {metrics['loss']:.4f} | lr {metrics['lr']:.4g} | "
                   f"{metric.name} {value:.4f} (target {target:g}) | "
-                  f"elapsed {time.time() - run_start:.1f}s")
+                  + _extra(metrics) + f"elapsed {time.time() - run_start:.1f}s")
       if metric.reached(value, target):
         row["status"] = C.SUCCESS
         return

@@ -20,10 +20,14 @@ from harness.errors import UsageError
 
 AXES = ("data", "model", "stage", "expert", "spatial")
 
-# Logical tensor dimension -> mesh axis (None: never split). First match wins, and a mesh axis
-# splits at most one dimension of a tensor (a later dimension mapping to a used axis stays whole).
+# Logical tensor dimension -> mesh axis, or mesh axes jointly (a tuple, major first), or None
+# (never split). First match wins, and a mesh axis splits at most one dimension of a tensor: a
+# later dimension mapping to a used axis stays whole on it (of a tuple, the unused axes split
+# it). The batch is split over data and expert together (GShard / Switch: the layers around
+# the experts are data parallel over every device); the experts' inputs [experts, groups, ...]
+# are split over expert by 'experts', and over what is left of 'batch' (data) by the groups.
 LOGICAL_AXIS_RULES = (
-    ("batch", "data"),
+    ("batch", ("data", "expert")),
     ("height", "spatial"),
     ("width", None),
     ("channels", None),          # conv feature maps
@@ -36,15 +40,15 @@ LOGICAL_AXIS_RULES = (
     ("vocab", "model"),
     ("classes", None),
     ("experts", "expert"),
+    ("routes", None),            # the router's output: one logit per expert, whole
     ("stages", "stage"),
 )
 LOGICAL_AXES = tuple(name for name, _ in LOGICAL_AXIS_RULES)
 
-# The mesh axes each framework runtime executes today (workloads/parallel/*_runtime.py check
-# that they agree). Expert parallelism arrives with the MoE issue; until then a mesh that uses
-# it is a one-line error before any framework loads.
-RUNTIME_AXES = {"jax": ("data", "model", "stage", "spatial"),
-                "tf": ("data", "model", "stage", "spatial")}
+# The mesh axes each framework runtime executes (workloads/parallel/*_runtime.py check that
+# they agree).
+RUNTIME_AXES = {"jax": ("data", "model", "stage", "expert", "spatial"),
+                "tf": ("data", "model", "stage", "expert", "spatial")}
 
 # Device order on the mesh, major to minor: device (or TF replica) r has coordinates
 # r = (((data * stage + s) * expert + e) * model + m) * spatial + j. Spatial slabs of one image
@@ -126,8 +130,16 @@ class MeshShape:
   spatial: int = 1
   bn_group_size: int = 0             # 0 before it is resolved; then a divisor of data
 
-  def size(self, axis: str) -> int:
+  def size(self, axis) -> int:
+    """The size of a mesh axis, or the product of a tuple of them (logical_to_mesh's)."""
+    if isinstance(axis, tuple):
+      return math.prod(getattr(self, a) for a in axis)
     return getattr(self, axis)
+
+  @property
+  def batch_shards(self) -> int:
+    """Devices a batch is split over: data x expert (the rule table's 'batch')."""
+    return self.data * self.expert
 
   @property
   def devices(self) -> int:
@@ -227,7 +239,12 @@ def check_fits(parallel: ParallelConfig, *, framework: str, workload: str,
       raise UsageError(f"{e} (--cpu-devices)") from None
     if not axes["data"]:              # the default mesh: the data axis takes every device
       spelled = f"{data}: --cpu-devices {devices}"
-  if data and global_batch_size % data:
+  shards = data * axes["expert"]
+  if shards and global_batch_size % shards:
+    if axes["expert"] > 1:
+      raise UsageError(f"train.global_batch_size={global_batch_size} is not divisible by the "
+                       f"data x expert devices the batch is split over ({data} x "
+                       f"{axes['expert']}); allowed: a multiple of {shards}")
     raise UsageError(f"train.global_batch_size={global_batch_size} is not divisible by the "
                      f"data axis ({spelled}); allowed: a multiple of {data}")
   if global_batch_size % parallel.num_processes:
@@ -235,6 +252,8 @@ def check_fits(parallel: ParallelConfig, *, framework: str, workload: str,
                      f"--num-processes {parallel.num_processes}")
   for logical, size in (dims or {}).items():
     axis = dict(LOGICAL_AXIS_RULES)[logical]
+    if axis and not size and axes[axis] > 1:
+      continue                 # the config has no such dimension: the workload's check says so
     if axis == "model" and logical != "heads":
       continue                 # d_ff and vocab stay whole on a model axis that does not divide
     if axis and axes[axis] > 1 and size % axes[axis]:
@@ -259,23 +278,24 @@ def check_fits(parallel: ParallelConfig, *, framework: str, workload: str,
 
 def logical_to_mesh(logical_axes, mesh: MeshShape | None = None, rules=LOGICAL_AXIS_RULES,
                     shape=None):
-  """Logical names of a tensor's dimensions -> the mesh axis splitting each (None: whole).
-  With `mesh`, axes of size 1 map to None; with `shape` too, a dimension its axis does not
-  divide stays whole (BERT's 30,522-entry vocab on model=4: MaxText does the same). Unknown
-  logical names are an error (a typo in a table would silently replicate)."""
+  """Logical names of a tensor's dimensions -> the mesh axis splitting each: a name, a tuple
+  of names (split over their product, major first) or None (whole). Without `mesh`, a rule's
+  tuple is returned whole (less axes already used); with `mesh`, axes of size 1 are left out
+  (a tuple of one becomes its name); with `shape` too, a dimension its axes do not divide stays
+  whole (BERT's 30,522-entry vocab on model=4: MaxText does the same). Unknown logical names
+  are an error (a typo in a table would silently replicate)."""
   table = dict(rules)
   used, out = set(), []
   for i, name in enumerate(logical_axes):
     if name is not None and name not in table:
       raise ValueError(f"unknown logical axis {name!r}; known: {', '.join(table)}")
-    axis = table.get(name) if name is not None else None
-    if axis is not None and (axis in used or (mesh is not None and mesh.size(axis) == 1)):
-      axis = None
-    if axis is not None and shape is not None and mesh is not None and shape[i] % mesh.size(axis):
-      axis = None
-    if axis is not None:
-      used.add(axis)
-    out.append(axis)
+    rule = table.get(name) if name is not None else None
+    axes = () if rule is None else rule if isinstance(rule, tuple) else (rule,)
+    axes = tuple(a for a in axes if a not in used and (mesh is None or mesh.size(a) > 1))
+    if axes and shape is not None and mesh is not None and shape[i] % mesh.size(axes):
+      axes = ()
+    used.update(axes)
+    out.append(None if not axes else axes[0] if len(axes) == 1 else axes)
   return tuple(out)
 
 
@@ -295,6 +315,11 @@ def update_layout(shape, layout, mesh: MeshShape, weight_update_sharding: bool) 
 def shard_shape(shape, layout, mesh: MeshShape) -> tuple:
   """The shape one device holds of an array of `shape` laid out as `layout`."""
   return tuple(n // (mesh.size(axis) if axis else 1) for n, axis in zip(shape, layout))
+
+
+def axis_names(axis) -> tuple:
+  """The mesh axes of one entry of a layout: () for None, (name,) or the tuple itself."""
+  return () if axis is None else axis if isinstance(axis, tuple) else (axis,)
 
 
 def param_axes(table, path: str, ndim: int) -> tuple:

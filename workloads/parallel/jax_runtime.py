@@ -42,7 +42,7 @@ PHYSICAL = {"data": DATA, "stage": "stage", "expert": "expert", "model": "model"
             "spatial": "spatial"}                   # named mesh axis -> this mesh's axes
 MESH_AXES = tuple(a for axis in mesh_lib.MESH_ORDER
                   for a in (DATA if axis == "data" else (PHYSICAL[axis],)))
-SUPPORTED_AXES = ("data", "model", "stage", "spatial")   # harness.mesh.RUNTIME_AXES['jax']
+SUPPORTED_AXES = ("data", "model", "stage", "expert", "spatial")   # mesh.RUNTIME_AXES['jax']
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "collective-permute", "all-to-all")
 _TRACING = contextvars.ContextVar("jax_runtime_tracing", default=None)
 
@@ -76,6 +76,7 @@ class MeshRuntime:
     self.parallel = parallel
     self.data, self.model, self.spatial = data, shape.model, shape.spatial
     self.stage, self.microbatches = shape.stage, parallel.microbatches
+    self.expert = shape.expert
     self.bn_group_size = group
     self.grouped_bn = group < data
     self.weight_update_sharding = parallel.weight_update_sharding
@@ -97,7 +98,12 @@ class MeshRuntime:
     return self.shape.description
 
   def _named(self, layout):
-    return NamedSharding(self.mesh, P(*(PHYSICAL[a] if a else None for a in layout)))
+    """A layout (per dimension: None, a mesh axis or a tuple of them) on this mesh."""
+    def physical(axis):
+      names = tuple(p for a in mesh_lib.axis_names(axis)
+                    for p in (DATA if a == "data" else (PHYSICAL[a],)))
+      return names[0] if len(names) == 1 else names or None
+    return NamedSharding(self.mesh, P(*(physical(a) for a in layout)))
 
   def sharding(self, logical_axes, shape=None):
     """The NamedSharding of an array whose dimensions have these logical names (with `shape`,
@@ -227,11 +233,12 @@ class MeshRuntime:
 
 def constrain(x, logical_axes):
   """An activation laid out by its logical names on the mesh of the step being traced, when
-  that mesh has a model axis (Mesh-TF's layer-boundary layouts). Without one, GSPMD's own
-  propagation from the batch already gives the data-parallel layout, and the constraint would
-  only add ops: then, and outside `MeshRuntime.tracing`, x is returned as it is."""
+  that mesh has a model or an expert axis (Mesh-TF's layer-boundary layouts; GShard's
+  dispatch). Without one, GSPMD's own propagation from the batch already gives the
+  data-parallel layout, and the constraint would only add ops: then, and outside
+  `MeshRuntime.tracing`, x is returned as it is."""
   runtime = _TRACING.get()
-  if runtime is None or runtime.model == 1:
+  if runtime is None or (runtime.model == 1 and runtime.expert == 1):
     return x
   return jax.lax.with_sharding_constraint(x, runtime.sharding(logical_axes, x.shape))
 

@@ -33,6 +33,7 @@ import tensorflow as tf
 from jax.experimental import multihost_utils
 
 from harness import mesh, pipeline as gpipe
+from workloads.common import moe
 from workloads.parallel import jax_runtime
 
 # tf.data only feeds the host here: keep TensorFlow off any GPU so JAX has all its memory.
@@ -90,17 +91,19 @@ class MeshTrainer:
     self.device_kind = jax.devices()[0].device_kind
     self.dtype = jnp.bfloat16 if cfg.train.precision == "bfloat16" else jnp.float32
     gbs = cfg.train.global_batch_size
-    if gbs % runtime.data:
+    if gbs % runtime.shape.batch_shards:
       raise ValueError(f"train.global_batch_size={gbs} is not divisible by the "
-                       f"{runtime.data} devices of the data axis")
+                       f"{runtime.shape.batch_shards} devices the batch is split over "
+                       "(data x expert)")
     self.data_dir, self.train_examples = self.pipeline.data_source(cfg, ctx)
     self.eval_examples = cfg.data.eval_examples
     self._train_iter = self._eval_data = None
     self.describing = False       # describe() before init: shapes and the train step only
 
   def eval_batch_size(self):
-    """cfg.data.eval_batch_size rounded up to a multiple of the data replicas and hosts."""
-    unit = math.lcm(self.runtime.data, self.runtime.process_count)
+    """cfg.data.eval_batch_size rounded up to a multiple of the batch's shards (data x expert)
+    and the hosts."""
+    unit = math.lcm(self.runtime.shape.batch_shards, self.runtime.process_count)
     return math.ceil(self.cfg.data.eval_batch_size / unit) * unit
 
   def batch_layout(self, batch_size, with_mask=False):
@@ -195,14 +198,21 @@ class MeshTrainer:
     return self._train_iter
 
   def train(self, num_steps):
+    """A block of steps. A step returns its loss, or {'loss', 'router'} with an MoE model's
+    router figures (reported per block: moe.report)."""
     batches = self._train_batches()
-    losses = []
+    outputs = []
     for _ in range(num_steps):
-      self.state, loss = self._train_step(self.state, next(batches))
-      losses.append(loss)
+      self.state, out = self._train_step(self.state, next(batches))
+      outputs.append(out)
     step = int(self.state.step)                         # the one host sync of the block
-    return {"loss": float(jnp.mean(jnp.stack(losses))),
-            "lr": float(self.schedule(step - 1)), "step": step}
+    losses = [out["loss"] if isinstance(out, dict) else out for out in outputs]
+    metrics = {"loss": float(jnp.mean(jnp.stack(losses))),
+               "lr": float(self.schedule(step - 1)), "step": step}
+    if isinstance(outputs[0], dict) and "router" in outputs[0]:
+      router = moe.block_metrics([jax.tree.map(np.asarray, out["router"]) for out in outputs])
+      metrics["progress"], metrics["scalars"] = moe.report(router)
+    return metrics
 
   def _to_host(self, outputs):
     """Device outputs of one eval batch -> numpy with the whole global batch on this host."""

@@ -181,16 +181,33 @@ class ExampleDropout(layers.Dropout):
     context = getattr(_EXAMPLES, "value", None)
     if not training or self.rate == 0.0 or context is None:
       return super().call(inputs, training=training)
-    call = context["calls"][self.key] = context["calls"].get(self.key, -1) + 1
-    shape = tf.shape(inputs, out_type=tf.int64)
-    per_example = tf.reduce_prod(shape[1:])
-    start = tf.cast(context["ids"][0], tf.int64) * per_example     # first element drawn
-    skip = start % 4
-    counter = tf.cast(tf.stack([start // 4, tf.cast(context["step"], tf.int64)]), tf.uint64)
-    uniform = tf.raw_ops.StatelessRandomUniformV2(
-        shape=[shape[0] * per_example + skip], key=tf.constant([self.key * 1024 + call],
-                                                                tf.uint64),
-        counter=counter, alg=tf.random.Algorithm.PHILOX.value, dtype=tf.float32)
-    keep = tf.reshape(uniform[skip:], shape) >= self.rate
+    keep = example_uniform(context, self.key, tf.shape(inputs, out_type=tf.int64)) >= self.rate
     scale = tf.cast(1.0 / (1.0 - self.rate), inputs.dtype)
     return tf.where(keep, inputs * scale, tf.zeros_like(inputs))
+
+
+def example_uniform(context, key, shape):
+  """Uniform [0, 1) float32 numbers of `shape` ([rows, ...]) for the context's rows: the
+  call's slice of one Philox stream over the global batch (ExampleDropout says how)."""
+  call = context["calls"][key] = context["calls"].get(key, -1) + 1
+  per_example = tf.reduce_prod(shape[1:])
+  start = tf.cast(context["ids"][0], tf.int64) * per_example     # first element drawn
+  skip = start % 4
+  counter = tf.cast(tf.stack([start // 4, tf.cast(context["step"], tf.int64)]), tf.uint64)
+  uniform = tf.raw_ops.StatelessRandomUniformV2(
+      shape=[shape[0] * per_example + skip], key=tf.constant([key * 1024 + call], tf.uint64),
+      counter=counter, alg=tf.random.Algorithm.PHILOX.value, dtype=tf.float32)
+  return tf.reshape(uniform[skip:], shape)
+
+
+class ExampleNoise:
+  """Uniform noise keyed by example as ExampleDropout's masks (an MoE router's random second
+  choice): `key` numbers it among the model's keyed layers; outside an `examples` context
+  (or `examples` of other rows than the noise's) a stateless draw from `seed`."""
+  key = 0
+
+  def __call__(self, shape, seed):
+    context = getattr(_EXAMPLES, "value", None)
+    if context is None:
+      return tf.random.stateless_uniform(shape, seed)
+    return example_uniform(context, self.key, tf.cast(shape, tf.int64))

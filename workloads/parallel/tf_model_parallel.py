@@ -44,16 +44,17 @@ def _gathered():
 
 
 class ShardedWeight:
-  """A weight of `full_shape` split over the model axis along `dim`."""
+  """A weight of `full_shape` split over the model axis (or, an MoE layer's experts, over the
+  expert axis: `axis`) along `dim`."""
 
-  def __init__(self, runtime, name, full_shape, dim, initial_value, dtype):
-    self.runtime, self.name, self.dim = runtime, name, dim
+  def __init__(self, runtime, name, full_shape, dim, initial_value, dtype, axis="model"):
+    self.runtime, self.name, self.dim, self.axis = runtime, name, dim, axis
     self.full_shape = tuple(full_shape)
-    model = runtime.model
-    if full_shape[dim] % model:
+    self.parts = parts = runtime.axis_size(axis)
+    if full_shape[dim] % parts:
       raise ValueError(f"{name}: dimension {dim} ({full_shape[dim]}) does not split over "
-                       f"model={model}")
-    layout = tuple("model" if i == dim else None for i in range(len(full_shape)))
+                       f"{axis}={parts}")
+    layout = tuple(axis if i == dim else None for i in range(len(full_shape)))
     shape = mesh_lib.shard_shape(full_shape, layout, runtime.shape)
     with runtime.strategy.scope():
       self.variable = tf.Variable(tf.zeros(shape, dtype), name=name, **ON_READ)
@@ -61,20 +62,20 @@ class ShardedWeight:
     runtime.sharded_weights.append(self)
 
   def replica_shards(self):
-    """(replica's model coordinate, its component variable) for every local replica."""
-    coords = [self.runtime.shape.coordinates(r)["model"]
+    """(replica's coordinate on the axis, its component variable) for every local replica."""
+    coords = [self.runtime.shape.coordinates(r)[self.axis]
               for r in range(len(self.variable.values))]
     return list(zip(coords, self.variable.values))
 
   def assign_full(self, value):
-    parts = np.split(np.asarray(value), self.runtime.model, axis=self.dim)
+    parts = np.split(np.asarray(value), self.parts, axis=self.dim)
     for m, component in self.replica_shards():
       component.assign(parts[m].astype(component.dtype.as_numpy_dtype))
 
   def full_value(self) -> np.ndarray:
     """The whole weight, from the shards of the first data replica (host numpy)."""
     shards = dict(reversed(self.replica_shards()))
-    return np.concatenate([shards[m].numpy() for m in range(self.runtime.model)], self.dim)
+    return np.concatenate([shards[m].numpy() for m in range(self.parts)], self.dim)
 
   def component(self):
     """In replica context: this replica's shard variable (for GradientTape.watch)."""
@@ -91,15 +92,16 @@ class ShardedWeight:
     return int(np.prod(self.variable.values[0].shape)) * self.variable.dtype.size
 
 
-def sharded_or_whole(layer, runtime, name, shape, dim, initializer):
-  """A Keras weight of `layer` (in its policy's variable dtype) when there is no model axis or
+def sharded_or_whole(layer, runtime, name, shape, dim, initializer, axis="model"):
+  """A Keras weight of `layer` (in its policy's variable dtype) when there is no `axis` or
   `dim` does not split over it (it stays whole, as in JAX), else a ShardedWeight drawn from
   the same initializer."""
   dtype = layer.dtype_policy.variable_dtype
-  if runtime is None or runtime.model == 1 or dim is None or shape[dim] % runtime.model:
+  parts = 1 if runtime is None else runtime.axis_size(axis)
+  if parts == 1 or dim is None or shape[dim] % parts:
     return layer.add_weight(shape=shape, initializer=initializer, name=name, dtype=dtype)
   value = initializer(shape, dtype=dtype)
-  return ShardedWeight(runtime, f"{layer.name}/{name}", shape, dim, value, dtype)
+  return ShardedWeight(runtime, f"{layer.name}/{name}", shape, dim, value, dtype, axis)
 
 
 def read(weight, dtype):
@@ -198,12 +200,12 @@ def vocab_parallel_smoothed_cross_entropy(runtime, logits, labels, confidence, l
 def gathered_weights(runtime):
   """In replica context: every sharded weight all-gathered once; layers then compute with
   whole weights and issue no model-axis collective (see the module docstring)."""
-  if runtime is None or runtime.model == 1:
+  if runtime is None or not runtime.sharded_weights:
     yield
     return
   values = {}
   for weight in runtime.sharded_weights:
-    parts = runtime.model_gather(tf.convert_to_tensor(weight.component()))
+    parts = runtime.axis_gather(tf.convert_to_tensor(weight.component()), weight.axis)
     values[id(weight)] = tf.concat(tf.unstack(parts), weight.dim)
   _GATHERED.values = values
   try:
@@ -249,13 +251,13 @@ class ShardedWeightsUpdate:
     """In replica context: `grads` (one per weight, summed over data peers) at update count
     `step` (from 1) with learning rate `lr`."""
     rt = self.runtime
-    norm_sum = rt.all_sum if self.split else rt.model_sum
-
-    def norm(x):
-      return tf.sqrt(norm_sum(tf.reduce_sum(tf.square(x)))) * tf.ones_like(x)
-
     for weight, grad, slots, mask, size in zip(self.weights, grads, self.slots, self.masks,
                                                self.sizes):
+      norm_sum = rt.all_sum if self.split else lambda x, a=weight.axis: rt.axis_sum(x, a)
+
+      def norm(x, norm_sum=norm_sum):
+        return tf.sqrt(norm_sum(tf.reduce_sum(tf.square(x)))) * tf.ones_like(x)
+
       var = weight.component()
       w, g = tf.convert_to_tensor(var), tf.cast(grad, var.dtype)
       if self.split:

@@ -29,7 +29,7 @@ import tensorflow as tf
 
 from harness import mesh as mesh_lib
 
-SUPPORTED_AXES = ("data", "model", "stage", "spatial")  # harness.mesh.RUNTIME_AXES['tf']
+SUPPORTED_AXES = ("data", "model", "stage", "expert", "spatial")  # mesh.RUNTIME_AXES['tf']
 CPU_DEVICES_ENV = "HARNESS_CPU_DEVICES"      # set by the CLI's --cpu-devices for --framework tf
 SUM = tf.distribute.ReduceOp.SUM
 
@@ -122,7 +122,17 @@ class StrategyRuntime:
       raise ValueError(f"--mesh axis {unsupported[0]}: the tf runtime does not run it yet; "
                        f"allowed axes: {', '.join(SUPPORTED_AXES)}")
     data, spatial, group = shape.data, shape.spatial, shape.bn_group_size
-    self.model = shape.model
+    self.model, self.expert = shape.model, shape.expert
+    if self.expert > 1 and (self.model > 1 or spatial > 1 or devices is None
+                            or parallel.weight_update_sharding):
+      raise ValueError(f"--mesh {shape.description}: the tf runtime runs an expert axis on one "
+                       "host, without model or spatial axes or weight-update sharding; "
+                       "allowed: data=D,expert=X")
+    # The batch is split over data x expert (harness.mesh's 'batch' rule): to everything that
+    # splits the batch (input, gradient sums of whole weights), the expert axis's replicas
+    # are data replicas; a weight split over experts (tf_model_parallel.ShardedWeight, axis
+    # 'expert') is summed over the replicas holding the same experts (`data_sum`).
+    data *= self.expert
     if self.model > 1 and (spatial > 1 or devices is None):
       raise ValueError(f"--mesh {shape.description}: the tf runtime runs a model axis on one "
                        "host without spatial partitioning; allowed: data=D,model=M")
@@ -202,6 +212,33 @@ class StrategyRuntime:
     """This replica's coordinate on the model axis (harness.mesh.MESH_ORDER), a tensor."""
     return (self.replica_id() // self.spatial) % self.model
 
+  def axis_size(self, axis):
+    return self.model if axis == "model" else self.expert
+
+  def axis_index(self, axis):
+    """This replica's coordinate on `axis` ('model' or 'expert': the innermost axes with
+    spatial 1, so its peers on the axis are consecutive replicas)."""
+    return self.model_index() if axis == "model" else self.replica_id() % self.expert
+
+  def axis_sum(self, x, axis):
+    """Sum over this replica's peers on `axis` ('model' or 'expert')."""
+    self._count(f"all_reduce_over_{axis}", x)
+    return self.group_sum(x, self.axis_size(axis))
+
+  def axis_gather(self, x, axis):
+    """[size, ...]: every peer's x on `axis`, in axis order."""
+    if self.axis_size(axis) == 1:
+      return x[None]
+    return self.axis_sum(_as_row(x, self.axis_index(axis), self.axis_size(axis)), axis)
+
+  def all_to_all(self, x, axis):
+    """[peers, n, ...] per replica -> [peers, n, ...] whose row p is peer p's row for this
+    replica (the all-to-all over the peers on `axis`). Built from a gather of every peer's
+    tensor and a slice (tf.distribute has no all-to-all): exact, with gradients (those of the
+    all-reduce), moving `peers` times the bytes of a true all-to-all."""
+    self._count(f"all_to_all_over_{axis}", x)
+    return tf.gather(self.axis_gather(x, axis), self.axis_index(axis), axis=1)
+
   def model_sum(self, x):
     """Sum over this replica's model peers (the `model` consecutive replicas of its group)."""
     self._count("all_reduce_over_model", x)
@@ -213,15 +250,17 @@ class StrategyRuntime:
       return x[None]
     return self.model_sum(_as_row(x, self.model_index(), self.model))
 
-  def data_sum(self, x):
-    """Sum over the replicas holding the same model shard as this one (its data peers)."""
-    if self.model == 1:
+  def data_sum(self, x, axis="model"):
+    """Sum over the replicas holding the same shard of a weight split over `axis` ('model' or
+    'expert') as this one (its data peers)."""
+    size = self.axis_size(axis)
+    if size == 1:
       return self.all_sum(x)
-    if self.data == 1:
+    if self.num_replicas == size:
       return x
     self._count("all_reduce_over_data", x)
-    m = self.model_index()
-    return _row(tf.distribute.get_replica_context().all_reduce(SUM, _as_row(x, m, self.model)), m)
+    m = self.axis_index(axis)
+    return _row(tf.distribute.get_replica_context().all_reduce(SUM, _as_row(x, m, size)), m)
 
   def all_sum(self, x):
     if not self.distributed:
@@ -295,7 +334,8 @@ class StrategyRuntime:
                                       logical_axes))
 
   def _per_replica(self, dataset, per_replica, logical_axes):
-    # the model peers of a data shard (and its spatial slabs) read the same examples
+    # the model peers of a data shard (and its spatial slabs) read the same examples (expert
+    # peers are data shards of their own: self.data counts them)
     local, k = self.local_replicas, self.spatial * self.model
     if k == 1:
       return dataset.rebatch(per_replica)

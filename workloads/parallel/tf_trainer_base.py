@@ -34,6 +34,7 @@ import numpy as np
 import tensorflow as tf
 
 from harness import mesh, pipeline as gpipe
+from workloads.common import moe
 from workloads.common.batching import eval_batches_per_host
 from workloads.parallel import tf_model_parallel, tf_pipeline, tf_runtime
 
@@ -170,21 +171,34 @@ class StrategyTrainer:
       tape.watch(shard)
     return self.model.trainable_variables + shards
 
+  def step_outputs(self):
+    """The train step's outputs in zeros: its loss (float64, the train loop's totals); a
+    workload whose step reports more (an MoE model's router figures) returns its structure."""
+    return tf.constant(0.0, tf.float64)
+
   def _train_step(self, batch):
-    rt = self.runtime
+    """-> this replica's loss, or {'loss', ...} when loss_and_grads reports more."""
     loss, grads = self.loss_and_grads(batch)
+    if isinstance(loss, dict):
+      return {**loss, "loss": self._apply(loss["loss"], grads)}
+    return self._apply(loss, grads)
+
+  def _apply(self, loss, grads):
+    """Sums the replicas' gradients and applies them; -> the replica's loss share."""
+    rt = self.runtime
     if self.model_update is not None:
       # Model peers compute the same loss on the same examples: a whole weight's gradient is
       # the same on each, so its sum over all replicas is `model` times the data sum; a
       # shard's gradient is summed over its data peers only.
+      # (An expert's weights are split over `expert` the same way: model is 1 then.)
       n = len(self.model.trainable_variables)
       whole = [g / rt.model for g in rt.all_sum(grads[:n])]
-      shards = [rt.data_sum(g) for g in grads[n:]]
+      shards = [rt.data_sum(g, w.axis) for g, w in zip(grads[n:], rt.sharded_weights)]
       clip = getattr(self.optimizer, "global_clipnorm", None)
       if clip:              # LAMB's global norm covers the shards too (the shards' squares
         squares = tf.add_n([tf.reduce_sum(tf.square(g)) for g in whole])   # summed over model)
-        norm = tf.sqrt(squares + rt.model_sum(tf.add_n([tf.reduce_sum(tf.square(g))
-                                                        for g in shards])))
+        norm = tf.sqrt(squares + tf.add_n([rt.axis_sum(tf.reduce_sum(tf.square(g)), w.axis)
+                                           for g, w in zip(shards, rt.sharded_weights)]))
         scale = clip * tf.minimum(1.0 / norm, 1.0 / tf.cast(clip, norm.dtype))
         whole, shards = [g * scale for g in whole], [g * scale for g in shards]
       if self.sharded is not None:          # weight-update sharding of the whole weights too
@@ -205,14 +219,18 @@ class StrategyTrainer:
     return loss
 
   def _replicated(self, fn, batch):
-    return self.strategy.reduce(tf_runtime.SUM, self.strategy.run(fn, args=(batch,)), axis=None)
+    outputs = self.strategy.run(fn, args=(batch,))
+    return tf.nest.map_structure(
+        lambda x: self.strategy.reduce(tf_runtime.SUM, x, axis=None), outputs)
 
   @tf.function
   def _train_loop(self, iterator, num_steps):
-    total = tf.constant(0.0, tf.float64)       # float64: the loss of a float64 model too
+    """-> the step outputs summed over replicas and steps (float64: a float64 model's too)."""
+    total = self.step_outputs()
     for _ in tf.range(num_steps):
-      total += tf.cast(self._replicated(self._step, next(iterator)), tf.float64)
-    return total / tf.cast(num_steps, tf.float64)
+      total = tf.nest.map_structure(lambda t, x: t + tf.cast(x, tf.float64), total,
+                                    self._replicated(self._step, next(iterator)))
+    return total
 
   @tf.function
   def _eval_loop(self, iterator, num_batches):
@@ -293,9 +311,17 @@ class StrategyTrainer:
   def train(self, num_steps):
     if self._train_iter is None:         # first use is after run_start: no data read before
       self._train_iter = self._distributed(self.train_dataset, self.cfg.train.global_batch_size)
-    loss = self._train_loop(self._train_iter, tf.constant(num_steps))
+    total = self._train_loop(self._train_iter, tf.constant(num_steps))
     step = int(self.iterations.numpy())                  # the one host sync of the call
-    return {"loss": float(loss), "lr": float(self.schedule(step - 1)), "step": step}
+    loss = total["loss"] if isinstance(total, dict) else total
+    metrics = {"loss": float(loss) / num_steps, "lr": float(self.schedule(step - 1)),
+               "step": step}
+    if isinstance(total, dict) and "router" in total:    # an MoE model's router figures
+      router = {k: v.numpy() for k, v in total["router"].items()}
+      router["z_loss"] /= num_steps
+      router["balance_loss"] /= num_steps
+      metrics["progress"], metrics["scalars"] = moe.report(router)
+    return metrics
 
   def evaluate(self):
     if self.cfg.data.source == "synthetic":

@@ -29,7 +29,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from workloads.common import moe as moe_lib
 from workloads.parallel.jax_layers import ExampleDropout
+from workloads.parallel.jax_moe import MoEFeedForward
 from workloads.parallel.jax_runtime import constrain
 from workloads.transformer import formulas
 
@@ -125,28 +127,45 @@ def _norm(dtype):
   return nn.LayerNorm(epsilon=formulas.LAYER_NORM_EPSILON, dtype=dtype)
 
 
+def _ffn(cfg, index, dtype):
+  """Layer `index`'s feed-forward: the experts' mixture where model.moe puts one, else dense."""
+  if moe_lib.is_expert_layer(cfg.moe, index):
+    return MoEFeedForward(cfg.hidden_size, cfg.filter_size, cfg.moe, dtype)
+  return FeedForward(cfg.hidden_size, cfg.filter_size, cfg.relu_dropout, dtype)
+
+
+def _apply_ffn(ffn, x, real, train):
+  """real [B, L]: False at padding (the router routes it nowhere); None: every token real."""
+  if isinstance(ffn, MoEFeedForward):
+    real = jnp.ones(x.shape[:2], bool) if real is None else real
+    return ffn(x, real, train)
+  return ffn(x, train)
+
+
 class EncoderLayer(nn.Module):
   cfg: Any
   dtype: Any = jnp.float32
+  index: int = 0
 
   def setup(self):
     c = self.cfg
     self.self_attention = Attention(c.hidden_size, c.num_heads, c.attention_dropout, self.dtype)
     self.self_attention_norm = _norm(self.dtype)
-    self.ffn = FeedForward(c.hidden_size, c.filter_size, c.relu_dropout, self.dtype)
+    self.ffn = _ffn(c, self.index, self.dtype)
     self.ffn_norm = _norm(self.dtype)
     self.residual_dropout = ExampleDropout(c.dropout)
 
-  def __call__(self, x, bias, train):
+  def __call__(self, x, bias, train, real=None):
     drop = lambda y: self.residual_dropout(y, deterministic=not train)
     y = self.self_attention_norm(x)
     x = x + drop(self.self_attention(y, y, bias, train))
-    return x + drop(self.ffn(self.ffn_norm(x), train))
+    return x + drop(_apply_ffn(self.ffn, self.ffn_norm(x), real, train))
 
 
 class DecoderLayer(nn.Module):
   cfg: Any
   dtype: Any = jnp.float32
+  index: int = 0
 
   def setup(self):
     c = self.cfg
@@ -155,22 +174,22 @@ class DecoderLayer(nn.Module):
     self.encdec_attention = Attention(c.hidden_size, c.num_heads, c.attention_dropout,
                                       self.dtype)
     self.encdec_attention_norm = _norm(self.dtype)
-    self.ffn = FeedForward(c.hidden_size, c.filter_size, c.relu_dropout, self.dtype)
+    self.ffn = _ffn(c, self.index, self.dtype)
     self.ffn_norm = _norm(self.dtype)
     self.residual_dropout = ExampleDropout(c.dropout)
 
-  def _rest(self, x, encdec_k, encdec_v, encoder_bias, train):
+  def _rest(self, x, encdec_k, encdec_v, encoder_bias, train, real=None):
     drop = lambda y: self.residual_dropout(y, deterministic=not train)
     x = x + drop(self.encdec_attention.attend(self.encdec_attention_norm(x), encdec_k,
                                               encdec_v, encoder_bias, train))
-    return x + drop(self.ffn(self.ffn_norm(x), train))
+    return x + drop(_apply_ffn(self.ffn, self.ffn_norm(x), real, train))
 
-  def __call__(self, x, encoded, self_bias, encoder_bias, train):
+  def __call__(self, x, encoded, self_bias, encoder_bias, train, real=None):
     drop = lambda y: self.residual_dropout(y, deterministic=not train)
     y = self.self_attention_norm(x)
     x = x + drop(self.self_attention(y, y, self_bias, train))
     k, v = self.encdec_attention.keys_values(encoded)
-    return self._rest(x, k, v, encoder_bias, train)
+    return self._rest(x, k, v, encoder_bias, train, real)
 
   def encdec_keys_values(self, encoded):
     return self.encdec_attention.keys_values(encoded)
@@ -196,12 +215,12 @@ class Encoder(nn.Module):
 
   def setup(self):
     for i in range(self.cfg.num_layers):
-      setattr(self, f"layer_{i}", EncoderLayer(self.cfg, self.dtype))
+      setattr(self, f"layer_{i}", EncoderLayer(self.cfg, self.dtype, i))
     self.output_norm = _norm(self.dtype)
 
-  def __call__(self, x, bias, train):
+  def __call__(self, x, bias, train, real=None):
     for i in range(self.cfg.num_layers):
-      x = getattr(self, f"layer_{i}")(x, bias, train)
+      x = getattr(self, f"layer_{i}")(x, bias, train, real)
     return self.output_norm(x)
 
 
@@ -211,15 +230,15 @@ class Decoder(nn.Module):
 
   def setup(self):
     for i in range(self.cfg.num_layers):
-      setattr(self, f"layer_{i}", DecoderLayer(self.cfg, self.dtype))
+      setattr(self, f"layer_{i}", DecoderLayer(self.cfg, self.dtype, i))
     self.output_norm = _norm(self.dtype)
 
   def layers(self):
     return [getattr(self, f"layer_{i}") for i in range(self.cfg.num_layers)]
 
-  def __call__(self, x, encoded, self_bias, encoder_bias, train):
+  def __call__(self, x, encoded, self_bias, encoder_bias, train, real=None):
     for layer in self.layers():
-      x = layer(x, encoded, self_bias, encoder_bias, train)
+      x = layer(x, encoded, self_bias, encoder_bias, train, real)
     return self.output_norm(x)
 
   def init_cache(self, encoded, max_decode_length):
@@ -297,7 +316,8 @@ class Transformer(nn.Module):
       bias = padding_bias(inputs, accumulation_dtype(self.dtype))
     else:
       bias = self._biases(inputs, inputs, packed)[0]
-    return self.encoder(self._embed_inputs(inputs, train, packed), bias, train), bias
+    return self.encoder(self._embed_inputs(inputs, train, packed), bias, train,
+                        inputs != PAD_ID), bias
 
   def logits(self, x):
     return constrain(self.embedding_shared.attend(x.astype(self.dtype)).astype(
@@ -306,9 +326,11 @@ class Transformer(nn.Module):
   def __call__(self, inputs, targets, train=False, packed=None):
     """`packed`: the segmentation and position features of packed rows, or None."""
     encoder_bias, self_bias, encdec_bias = self._biases(inputs, targets, packed)
-    encoded = self.encoder(self._embed_inputs(inputs, train, packed), encoder_bias, train)
+    encoded = self.encoder(self._embed_inputs(inputs, train, packed), encoder_bias, train,
+                           inputs != PAD_ID)
     x = self._embed_targets(targets, train, packed)
-    return self.logits(self.decoder(x, encoded, self_bias, encdec_bias, train))
+    return self.logits(self.decoder(x, encoded, self_bias, encdec_bias, train,
+                                    targets != PAD_ID))
 
   def pipeline_layers(self, carry, inputs, targets, packed, start, end, train):
     """GPipe's view (spec.pipeline_layers): layers [start, end) of the one list of encoder

@@ -15,7 +15,7 @@ from flax.training import train_state
 
 from harness.pipeline import stage_ranges
 from workloads.optim import jax_optimizers
-from workloads.parallel import jax_layers, jax_pipeline
+from workloads.parallel import jax_layers, jax_moe, jax_pipeline
 from workloads.parallel.jax_runtime import DATA
 from workloads.parallel.jax_trainer_base import MeshTrainer
 from workloads.transformer import host_bleu, input_pipeline, jax_beam_search, jax_model, spec
@@ -28,12 +28,17 @@ class TrainState(train_state.TrainState):
 
 
 def loss_fn(params, apply_fn, batch, label_smoothing, rng=None):
-  """(mean smoothed cross entropy over the batch's target tokens, token count)."""
+  """(mean smoothed cross entropy over the batch's target tokens plus, with expert layers,
+  their router losses; (token count, the routers' figures or None))."""
   train = rng is not None
-  logits = apply_fn({"params": params}, batch["inputs"], batch["targets"], train=train,
-                    packed=spec.packed_features(batch), rngs={"dropout": rng} if train else None)
+  logits, sown = apply_fn({"params": params}, batch["inputs"], batch["targets"], train=train,
+                          packed=spec.packed_features(batch), mutable=["moe"],
+                          rngs={"dropout": rng} if train else None)
   total, count = jax_model.smoothed_cross_entropy(logits, batch["targets"], label_smoothing)
-  return total / jnp.maximum(count, 1.0), count
+  loss = total / jnp.maximum(count, 1.0)
+  if not sown:
+    return loss, (count, None)
+  return loss + jax_moe.aux_loss(sown), (count, jax_moe.router_metrics(sown))
 
 
 def pipelined_loss_and_grads(model, runtime, cut, params, batch, rng, *, label_smoothing,
@@ -85,16 +90,19 @@ def pipelined_loss_and_grads(model, runtime, cut, params, batch, rng, *, label_s
 
 
 def train_step(state, batch, *, label_smoothing, runtime, pipelined=None):
-  """`pipelined`: pipelined_loss_and_grads with its model, runtime and cut bound, or None."""
+  """`pipelined`: pipelined_loss_and_grads with its model, runtime and cut bound, or None.
+  -> (state, loss), or with expert layers (state, {'loss', 'router': their figures})."""
   rng = jax.random.fold_in(state.dropout_key, state.step)
+  router = None
   if pipelined is not None:                          # GPipe over 'stage' and micro-batches
     loss, grads, _ = pipelined(state.params, batch, rng, label_smoothing=label_smoothing)
   else:
-    (loss, _), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+    (loss, (_, router)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
         state.params, state.apply_fn, batch, label_smoothing, rng)
   grads = runtime.constrain_update(grads)            # weight-update sharding: shard the update
   state = state.apply_gradients(grads=grads)
-  return state.replace(params=runtime.restore_param_layout(state.params)), loss
+  state = state.replace(params=runtime.restore_param_layout(state.params))
+  return state, (loss if router is None else {"loss": loss, "router": router})
 
 
 def translate(model, params, inputs, model_cfg):

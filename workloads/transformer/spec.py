@@ -23,6 +23,7 @@ from harness.errors import UsageError
 from harness.mesh import ParallelConfig
 from harness.workload import Metric, WorkloadSpec
 from workloads.common import mini_cache
+from workloads.common.moe import MoEConfig, check_groups
 from workloads.optim import schedules
 from workloads.optim.configs import AdamConfig
 from workloads.transformer import mini_corpus
@@ -44,6 +45,7 @@ class ModelConfig:
   beam_size: int = 4
   alpha: float = 0.6                  # length penalty ((5 + length) / 6) ** alpha
   extra_decode_length: int = 50       # decode up to input length + this
+  moe: MoEConfig = dataclasses.field(default_factory=MoEConfig)   # ST-MoE experts (open division)
 
   def validate(self):
     positive(self, "hidden_size", "num_layers", "num_heads", "filter_size", "beam_size")
@@ -144,6 +146,15 @@ def mini() -> TransformerConfig:
                         max_epochs=20.0, eval_every_epochs=1))
 
 
+def moe_mini() -> TransformerConfig:
+  """The mini Transformer with ST-MoE expert layers (open division: the MLPerf model is
+  dense): 4 experts in the second layer of the encoder and of the decoder (every 2nd layer;
+  ST-MoE's every 4th needs 4 layers), routed in groups of 96 tokens (4 packed rows)."""
+  cfg = mini()
+  cfg.model.moe = MoEConfig(num_experts=4, every=2, group_size=96)
+  return cfg
+
+
 def tiny() -> TransformerConfig:
   """The smallest config that runs every code path (the contract test's)."""
   cfg = mini()
@@ -214,6 +225,11 @@ def sample_unit(cfg: TransformerConfig) -> str:
 # kernels keep heads as their own dimension ([embed, heads, kv] and [heads, kv, embed]), so a
 # model axis can split heads without reshaping (Mesh-TF's layout).
 PARAM_AXES = (
+    (r".*ffn/router/kernel", ("embed", "routes")),
+    (r".*ffn/experts/filter/kernel", ("experts", "embed", "mlp")),
+    (r".*ffn/experts/filter/bias", ("experts", "mlp")),
+    (r".*ffn/experts/output/kernel", ("experts", "mlp", "embed")),
+    (r".*ffn/experts/output/bias", ("experts", "embed")),
     (r"embedding_shared/embedding", ("vocab", "embed")),
     (r".*(self_attention|encdec_attention)/(query|key|value)/kernel", ("embed", "heads", "kv")),
     (r".*(self_attention|encdec_attention)/output/kernel", ("heads", "kv", "embed")),
@@ -223,6 +239,28 @@ PARAM_AXES = (
     (r".*ffn/output/bias", ("embed",)),
     (r".*_norm/(scale|bias)", ("embed",)),
 )
+
+
+def check_framework(cfg: TransformerConfig, framework: str):
+  """The expert layers' fit (before any framework loads): a mesh with an expert axis needs
+  experts to split; experts do not run inside a GPipe pipeline; TF's expert axis runs without
+  a model axis (tf_moe.py); each batch shard's tokens are whole routing groups."""
+  moe, axes = cfg.model.moe, cfg.parallel.axes()
+  if axes["expert"] > 1 and not moe.num_experts:
+    raise UsageError(f"--mesh expert={axes['expert']}: model.moe.num_experts=0 (dense) has no "
+                     "experts to split; allowed: --set model.moe.num_experts=E (E a multiple "
+                     f"of {axes['expert']}) or no expert axis")
+  if not moe.num_experts:
+    return
+  if axes["stage"] > 1 or cfg.parallel.microbatches > 1:
+    raise UsageError("model.moe.num_experts with a GPipe pipeline (--mesh stage / "
+                     "parallel.microbatches) is not supported; allowed: data, expert, model")
+  if framework == "tf" and axes["expert"] > 1 and axes["model"] > 1:
+    raise UsageError(f"--mesh expert={axes['expert']},model={axes['model']} in TF: its expert "
+                     "axis runs without a model axis; allowed: both in JAX, or one in TF")
+  if axes["data"]:
+    check_groups(moe, cfg.train.global_batch_size, cfg.data.max_length,
+                 axes["data"] * axes["expert"])
 
 
 def schedule_for(cfg: TransformerConfig) -> schedules.RsqrtSchedule:
@@ -281,19 +319,22 @@ SPEC = WorkloadSpec(
     mlperf_benchmark="transformer",
     title="Transformer (big) translation, WMT English-German",
     metric=BLEU,
-    presets={"mini": mini, "reference": reference, "synthetic": synthetic, "tiny": tiny},
+    presets={"mini": mini, "moe_mini": moe_mini, "reference": reference,
+             "synthetic": synthetic, "tiny": tiny},
     trainer_modules={"jax": "workloads.transformer.jax_trainer",
                      "tf": "workloads.transformer.tf_trainer"},
     mllog_hyperparameters=mllog_hyperparameters,
     derive=derive,
-    mesh_axes=("data", "model", "stage"),
+    mesh_axes=("data", "model", "stage", "expert"),
     split_dims=lambda cfg: {"length": cfg.data.max_length, "heads": cfg.model.num_heads,
-                            "mlp": cfg.model.filter_size, "vocab": cfg.model.vocab_size},
+                            "mlp": cfg.model.filter_size, "vocab": cfg.model.vocab_size,
+                            "experts": cfg.model.moe.num_experts},
     param_axes=PARAM_AXES,
     pipeline_layers=pipeline_layers,
     data_dir_contents=("the reference's data_download.py output: wmt32k-train-*, "
                        "vocab.ende.32768, newstest2014.en, newstest2014.de (or, with "
                        "data.source=tfds, vocab.ende.32768 and the prepared tfds WMT dataset)"),
     missing_data=missing_data,
+    check_framework=check_framework,
     sample_unit=sample_unit,
 )

@@ -18,8 +18,10 @@ import numpy as np
 import keras
 from keras import layers, ops
 
+from workloads.common import moe as moe_lib
 from workloads.parallel import tf_layers
 from workloads.parallel import tf_model_parallel as mp
+from workloads.parallel.tf_moe import MoEFeedForward
 from workloads.transformer import formulas
 
 PAD_ID, EOS_ID = 0, 1
@@ -142,15 +144,31 @@ class FeedForward(Block):
     return self.output_dense(self.relu_dropout(self.filter(x), training=training))
 
 
+def _ffn(cfg, index, runtime, policy):
+  """Layer `index`'s feed-forward: the experts' mixture where model.moe puts one, else dense."""
+  if moe_lib.is_expert_layer(cfg.moe, index):
+    return MoEFeedForward(cfg.hidden_size, cfg.filter_size, cfg.moe, accumulation_dtype(policy),
+                          runtime, name="ffn", dtype=policy)
+  return FeedForward(cfg.hidden_size, cfg.filter_size, cfg.relu_dropout, runtime, name="ffn",
+                     dtype=policy)
+
+
+def _apply_ffn(ffn, x, real, training):
+  """real [B, L]: False at padding (the router routes it nowhere); None: every token real."""
+  if isinstance(ffn, MoEFeedForward):
+    real = ops.ones(ops.shape(x)[:2], "bool") if real is None else real
+    return ffn(x, real, training=training)
+  return ffn(x, training=training)
+
+
 class EncoderLayer(Block):
-  def __init__(self, cfg, runtime=None, **kwargs):
+  def __init__(self, cfg, runtime=None, index=0, **kwargs):
     super().__init__(**kwargs)
     p = self.dtype_policy
     self.self_attention = Attention(cfg.hidden_size, cfg.num_heads, cfg.attention_dropout,
                                     runtime, name="self_attention", dtype=p)
     self.self_attention_norm = LayerNorm(cfg.hidden_size, name="self_attention_norm", dtype=p)
-    self.ffn = FeedForward(cfg.hidden_size, cfg.filter_size, cfg.relu_dropout, runtime,
-                           name="ffn", dtype=p)
+    self.ffn = _ffn(cfg, index, runtime, p)
     self.ffn_norm = LayerNorm(cfg.hidden_size, name="ffn_norm", dtype=p)
     self.residual_dropout = tf_layers.ExampleDropout(cfg.dropout, dtype=p)
 
@@ -158,15 +176,15 @@ class EncoderLayer(Block):
     return {"self_attention": self.self_attention, "self_attention_norm": self.self_attention_norm,
             "ffn": self.ffn, "ffn_norm": self.ffn_norm}
 
-  def call(self, x, bias, training=False):
+  def call(self, x, bias, training=False, real=None):
     drop = lambda y: self.residual_dropout(y, training=training)
     y = self.self_attention_norm(x)
     x = x + drop(self.self_attention(y, y, bias, training=training))
-    return x + drop(self.ffn(self.ffn_norm(x), training=training))
+    return x + drop(_apply_ffn(self.ffn, self.ffn_norm(x), real, training))
 
 
 class DecoderLayer(Block):
-  def __init__(self, cfg, runtime=None, **kwargs):
+  def __init__(self, cfg, runtime=None, index=0, **kwargs):
     super().__init__(**kwargs)
     p = self.dtype_policy
     attention = lambda name: Attention(cfg.hidden_size, cfg.num_heads, cfg.attention_dropout,
@@ -176,8 +194,7 @@ class DecoderLayer(Block):
     norm = lambda name: LayerNorm(cfg.hidden_size, name=name, dtype=p)
     self.self_attention_norm, self.encdec_attention_norm = norm("self_attention_norm"), \
         norm("encdec_attention_norm")
-    self.ffn = FeedForward(cfg.hidden_size, cfg.filter_size, cfg.relu_dropout, runtime,
-                           name="ffn", dtype=p)
+    self.ffn = _ffn(cfg, index, runtime, p)
     self.ffn_norm = norm("ffn_norm")
     self.residual_dropout = tf_layers.ExampleDropout(cfg.dropout, dtype=p)
 
@@ -187,18 +204,18 @@ class DecoderLayer(Block):
             "encdec_attention_norm": self.encdec_attention_norm,
             "ffn": self.ffn, "ffn_norm": self.ffn_norm}
 
-  def _rest(self, x, encdec_k, encdec_v, encoder_bias, training):
+  def _rest(self, x, encdec_k, encdec_v, encoder_bias, training, real=None):
     drop = lambda y: self.residual_dropout(y, training=training)
     x = x + drop(self.encdec_attention.attend(self.encdec_attention_norm(x), encdec_k, encdec_v,
                                               encoder_bias, training))
-    return x + drop(self.ffn(self.ffn_norm(x), training=training))
+    return x + drop(_apply_ffn(self.ffn, self.ffn_norm(x), real, training))
 
-  def call(self, x, encoded, self_bias, encoder_bias, training=False):
+  def call(self, x, encoded, self_bias, encoder_bias, training=False, real=None):
     drop = lambda y: self.residual_dropout(y, training=training)
     y = self.self_attention_norm(x)
     x = x + drop(self.self_attention(y, y, self_bias, training=training))
     k, v = self.encdec_attention.keys_values(encoded)
-    return self._rest(x, k, v, encoder_bias, training)
+    return self._rest(x, k, v, encoder_bias, training, real)
 
   def step(self, x, i, cache, encoder_bias):
     """One position (see jax_model.DecoderLayer.step)."""
@@ -220,16 +237,16 @@ class Stack(Block):
   def __init__(self, cfg, layer_class, runtime=None, **kwargs):
     super().__init__(**kwargs)
     self.cfg = cfg
-    self.blocks = [layer_class(cfg, runtime, name=f"layer_{i}", dtype=self.dtype_policy)
+    self.blocks = [layer_class(cfg, runtime, i, name=f"layer_{i}", dtype=self.dtype_policy)
                    for i in range(cfg.num_layers)]
     self.output_norm = LayerNorm(cfg.hidden_size, name="output_norm", dtype=self.dtype_policy)
 
-  def call(self, x, bias, encoded=None, encoder_bias=None, training=False):
+  def call(self, x, bias, encoded=None, encoder_bias=None, training=False, real=None):
     """Encoder: x, its padding bias. Decoder: x, the causal bias, the encoder's outputs and
-    padding bias."""
+    padding bias. `real` [B, L]: the real (not padding) tokens, for expert layers."""
     for block in self.blocks:
-      x = (block(x, bias, training=training) if encoded is None else
-           block(x, encoded, bias, encoder_bias, training=training))
+      x = (block(x, bias, training=training, real=real) if encoded is None else
+           block(x, encoded, bias, encoder_bias, training=training, real=real))
     return self.output_norm(x)
 
 
@@ -251,6 +268,8 @@ class Transformer(keras.Model):
                                                              dtype=self.dtype_policy)
     dropouts = [layer for layer in self._flatten_layers()
                 if isinstance(layer, tf_layers.ExampleDropout)]
+    dropouts += [layer.noise for layer in self._flatten_layers()
+                 if isinstance(layer, MoEFeedForward)]
     for key, layer in enumerate(dropouts):       # construction order: the same every build
       layer.key = key
 
@@ -285,11 +304,12 @@ class Transformer(keras.Model):
     if packed is None:
       bias = ops.where(ops.equal(inputs, PAD_ID), formulas.ATTENTION_MASK, 0.0)
       bias = ops.cast(bias, self.acc)[:, None, None, :]
-      return self.encoder(self._embed(inputs, training), bias, training=training), bias
+      return self.encoder(self._embed(inputs, training), bias, training=training,
+                          real=ops.not_equal(inputs, PAD_ID)), bias
     segments = packed["inputs_segmentation"]
     bias = segment_bias(segments, segments, self.acc)
     x = self._embed(inputs, training, packed["inputs_position"])
-    return self.encoder(x, bias, training=training), bias
+    return self.encoder(x, bias, training=training, real=ops.not_equal(inputs, PAD_ID)), bias
 
   def logits(self, x):
     """[B, L, V], or under vocab_parallel this replica's [B, L, V / model]."""
@@ -323,7 +343,8 @@ class Transformer(keras.Model):
     encoded, _ = self.encode(inputs, training, packed)
     _, self_bias, encoder_bias = self._biases(inputs, targets, packed)
     x = self._embed_targets(targets, training, packed)
-    x = self.decoder(x, self_bias, encoded, encoder_bias, training=training)
+    x = self.decoder(x, self_bias, encoded, encoder_bias, training=training,
+                     real=ops.not_equal(targets, PAD_ID))
     return self.logits(x)
 
   def pipeline_layers(self, carry, inputs, targets, packed, start, end, training=False):

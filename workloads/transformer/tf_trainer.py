@@ -14,7 +14,7 @@ import tensorflow as tf
 from harness.pipeline import stage_ranges
 from workloads.optim import tf_optimizers
 from workloads.parallel import tf_model_parallel as mp
-from workloads.parallel import tf_layers, tf_pipeline
+from workloads.parallel import tf_layers, tf_moe, tf_pipeline
 from workloads.parallel.tf_trainer_base import StrategyTrainer
 from workloads.transformer import formulas, host_bleu, input_pipeline, spec, tf_beam_search, \
     tf_model
@@ -43,11 +43,13 @@ def vocab_parallel_smoothed_cross_entropy(runtime, logits, labels, label_smoothi
   return tf.reduce_sum(xent * weights), tf.reduce_sum(weights)
 
 
-def replica_loss(model, batch, label_smoothing, training=True):
+def replica_loss(model, batch, label_smoothing, training=True, routers=None):
   """This replica's share of the global mean loss (sum over replicas == the global loss; on a
-  model axis, the sum over each replica's data peers)."""
-  logits = model(batch["inputs"], batch["targets"], training=training,
-                 packed=spec.packed_features(batch))
+  model axis, the sum over each replica's data peers), with the expert layers' router losses
+  (their shares) when training; `routers`: a list that gets their figures."""
+  with tf_moe.collect() as collected:
+    logits = model(batch["inputs"], batch["targets"], training=training,
+                   packed=spec.packed_features(batch))
   runtime = getattr(model, "runtime", None)
   if getattr(model, "vocab_parallel", False):
     total, count = vocab_parallel_smoothed_cross_entropy(
@@ -58,7 +60,10 @@ def replica_loss(model, batch, label_smoothing, training=True):
   global_count = replica.all_reduce(tf.distribute.ReduceOp.SUM, count) if replica else count
   if runtime is not None and runtime.model > 1:
     global_count /= runtime.model           # every model peer counted the same tokens
-  return total / tf.maximum(global_count, 1.0)
+  loss = total / tf.maximum(global_count, 1.0)
+  if routers is not None:
+    routers.extend(collected)
+  return loss + tf.add_n([c["aux_loss"] for c in collected]) if collected else loss
 
 
 def translate(model, inputs, model_cfg):
@@ -105,12 +110,24 @@ class TransformerTrainer(StrategyTrainer):
     if self.stage_cut:
       return self.pipelined_loss_and_grads(batch)
     rows = tf.shape(batch["targets"])[0]
+    routers = []
     with tf.GradientTape() as tape, tf_layers.examples(self.iterations, self.example_ids(rows)):
       variables = self.watch_variables(tape)
-      loss = replica_loss(self.model, batch, self.cfg.optimizer.label_smoothing)
+      loss = replica_loss(self.model, batch, self.cfg.optimizer.label_smoothing,
+                          routers=routers)
     grads = tape.gradient(loss, variables)
     # the shared embedding's lookups give IndexedSlices: dense, to add the projection's part
-    return loss, [tf.convert_to_tensor(g) for g in grads]
+    grads = [tf.convert_to_tensor(g) for g in grads]
+    if routers:                       # expert layers: the step also reports their figures
+      return {"loss": loss, "router": tf_moe.replica_figures(routers)}, grads
+    return loss, grads
+
+  def step_outputs(self):
+    """The train step's outputs in zeros (the train loop's totals start from them)."""
+    if not self.cfg.model.moe.num_experts:
+      return super().step_outputs()
+    return {"loss": super().step_outputs(),
+            "router": tf_moe.zero_figures(self.cfg.model.moe.num_experts)}
 
   def parameter_sizes(self):
     return {"/".join(path): int(np.prod(var.shape))
