@@ -50,6 +50,7 @@ def route(logits, real, *, capacity, second_policy="all", threshold=0.2, noise=N
   num_experts = logits.shape[-1]
   dtype = logits.dtype
   realf = tf.cast(real, dtype)
+  limit = tf.cast(capacity, dtype)          # a tensor while decoding (tf_moe: one group)
   probs = tf.nn.softmax(logits, axis=-1)
   first = tf.one_hot(tf.argmax(probs, axis=-1), num_experts, dtype=dtype)
   gate_1 = tf.reduce_sum(probs * first, axis=-1)
@@ -69,10 +70,10 @@ def route(logits, real, *, capacity, second_policy="all", threshold=0.2, noise=N
   if second_policy == "random":
     mask_2 *= tf.cast(noise < gate_2 / threshold, dtype)[..., None]
   position_1 = (tf.cumsum(mask_1, axis=1, exclusive=True)) * mask_1
-  mask_1 *= tf.cast(position_1 < capacity, dtype)
+  mask_1 *= tf.cast(position_1 < limit, dtype)
   position_2 = (tf.cumsum(mask_2, axis=1, exclusive=True)
                 + tf.reduce_sum(mask_1, axis=1, keepdims=True)) * mask_2
-  mask_2 *= tf.cast(position_2 < capacity, dtype)
+  mask_2 *= tf.cast(position_2 < limit, dtype)
   kept_1, kept_2 = tf.reduce_sum(mask_1, axis=-1), tf.reduce_sum(mask_2, axis=-1)
   slot_1 = tf.one_hot(tf.cast(tf.reduce_sum(position_1 * mask_1, -1), tf.int32), capacity,
                       dtype=dtype)
@@ -178,11 +179,17 @@ class MoEFeedForward(_Leaf):
       return tf.zeros_like(x)
     moe = self.moe
     rows, length, hidden = x.shape
-    groups = moe_lib.group_count(rows * length, moe.group_size)
-    size = rows * length // groups
     factor = moe.capacity_factor_train if training else moe.capacity_factor_eval
     policy = moe.second_policy if training else moe.second_policy_eval
-    capacity = moe_lib.capacity(size, moe.num_experts, factor, moe.min_expert_capacity)
+    if rows is None:          # beam-search decoding (rows unknown when traced): one group
+      rows = tf.shape(x)[0]
+      groups, size = 1, rows * length
+      per_expert = tf.cast(tf.cast(size, tf.float64) * factor / moe.num_experts, tf.int32)
+      capacity = tf.maximum(tf.minimum(size, per_expert), moe.min_expert_capacity)
+    else:
+      groups = moe_lib.group_count(rows * length, moe.group_size)
+      size = rows * length // groups
+      capacity = moe_lib.capacity(size, moe.num_experts, factor, moe.min_expert_capacity)
     tokens = tf.reshape(x, [groups, size, hidden])
     logits = self.router(tokens)
     noise = None
