@@ -308,6 +308,8 @@ def cmd_describe(args):
   if derived:
     print("derived after --set:      " + ", ".join(f"{k}={v:,}" if isinstance(v, int) else
                                                    f"{k}={v}" for k, v in derived.items()))
+  for label, text in spec.describe_lines(cfg, info["parameters"]):
+    print(f"{label + ':':<26}{text}")
   print(f"mesh:                     {trainer.mesh_description}")
   _print_layout(info, small.train.global_batch_size)
   return 0

@@ -108,6 +108,9 @@ class WorkloadSpec:
   # cfg -> what a sample is where it is not one example ('packed rows'): global_batch_size's
   # metadata in the log, since MLPerf logs count whatever the submission batches.
   sample_unit: Callable[[Any], str] | None = None
+  # (cfg, total parameters) -> [(label, text)]: describe's lines of the workload's own
+  # (an MoE Transformer's experts: parameters, compute per token, all-to-all bytes)
+  describe_lines: Callable[[Any, int], list] = lambda cfg, parameters: []
 
   @property
   def metric_name(self) -> str:

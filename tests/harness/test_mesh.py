@@ -36,9 +36,12 @@ def _fits(text, framework="jax", workload="bert", **kw):
 
 
 @pytest.mark.parametrize("text, kw, message", [
-    ("data=2,expert=2", {"framework": "tf"}, "--mesh axis expert=2: the tf runtime does not "
-                                             "run it yet; allowed axes: data, model, stage, "
-                                             "spatial"),
+    ("data=2,expert=2", {"framework": "tf"}, "--mesh axis expert=2: bert has no dimension laid "
+                                             "out on it; allowed axes for bert: data, model"),
+    # the batch is split over data x expert jointly
+    ("data=3,expert=2", {"workload": "transformer"},
+     "train.global_batch_size=32 is not divisible by the data x expert devices the batch is "
+     "split over (3 x 2); allowed: a multiple of 6"),
     # a model axis must split the heads (Mesh-TF's layout); d_ff and vocab may stay whole
     ("data=1,model=8", {}, "--mesh model=8 does not divide the heads size 4; allowed: a "
                            "divisor of 4"),
@@ -89,11 +92,21 @@ def test_fit_check_splits_logical_dimensions_by_their_axis():
 
 def test_logical_rules_map_names_to_mesh_axes_once_per_tensor():
   assert mesh.logical_to_mesh(("batch", "height", "width", "channels")) == (
-      "data", "spatial", None, None)
+      ("data", "expert"), "spatial", None, None)
   assert mesh.logical_to_mesh(("embed", "mlp")) == (None, "model")
   assert mesh.logical_to_mesh(("heads", "vocab")) == ("model", None)     # model used once
   small = mesh.MeshShape(data=8)
   assert mesh.logical_to_mesh(("batch", "height"), small) == ("data", None)   # spatial=1
+  # the batch over data and expert jointly; the experts' inputs [experts, groups, ...] take
+  # expert for the experts and what is left (data) for the groups
+  moe = mesh.MeshShape(data=2, expert=4)
+  assert mesh.logical_to_mesh(("batch", "length", "embed"), moe) == (("data", "expert"), None,
+                                                                     None)
+  assert mesh.logical_to_mesh(("experts", "batch", None, "embed"), moe) == (
+      "expert", "data", None, None)
+  assert mesh.logical_to_mesh(("batch",), mesh.MeshShape(data=1, expert=4)) == ("expert",)
+  assert mesh.logical_to_mesh(("batch",), moe, shape=(6,)) == (None,)   # 8 does not divide 6
+  assert mesh.shard_shape((16, 5), (("data", "expert"), None), moe) == (2, 5)
   with pytest.raises(ValueError, match="unknown logical axis 'hieght'"):
     mesh.logical_to_mesh(("batch", "hieght"))
 

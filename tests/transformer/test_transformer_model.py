@@ -94,10 +94,12 @@ def _small():
 
 
 def test_param_axes_table_covers_every_flax_parameter_with_its_rank_and_sizes():
-  cfg = _small()
+  """Of the mini model and of its MoE variant (moe_mini: experts in layer 1 of each stack)."""
+  cfg, moe = _small(), spec.SPEC.configure("moe_mini").model
   sizes = {"vocab": cfg.vocab_size, "embed": cfg.hidden_size, "heads": cfg.num_heads,
-           "kv": cfg.hidden_size // cfg.num_heads, "mlp": cfg.filter_size}
-  shapes = _flax_shapes(cfg)
+           "kv": cfg.hidden_size // cfg.num_heads, "mlp": cfg.filter_size,
+           "experts": moe.moe.num_experts, "routes": moe.moe.num_experts}
+  shapes = {**_flax_shapes(cfg), **_flax_shapes(moe)}
   used = set()
   for path, shape in shapes.items():
     axes = param_axes(spec.PARAM_AXES, path, len(shape))     # raises on no match / wrong rank

@@ -24,6 +24,7 @@ from harness.mesh import ParallelConfig
 from harness.workload import Metric, WorkloadSpec
 from workloads.common import mini_cache
 from workloads.common.moe import MoEConfig, check_groups
+from workloads.common.moe import capacity as moe_capacity, figures as moe_figures
 from workloads.optim import schedules
 from workloads.optim.configs import AdamConfig
 from workloads.transformer import mini_corpus
@@ -263,6 +264,40 @@ def check_framework(cfg: TransformerConfig, framework: str):
                  axes["data"] * axes["expert"])
 
 
+def describe_lines(cfg: TransformerConfig, parameters: int) -> list[tuple[str, str]]:
+  """describe's MoE lines: the experts' parameters against the dense feed-forwards they
+  replace, the parameters a token's compute uses (ST-MoE's '32B dense compute with 269B
+  parameters', at this size), feed-forward FLOPs per token, and one step's all-to-all
+  values (forward and backward dispatch and combine)."""
+  moe, m = cfg.model.moe, cfg.model
+  if not moe.num_experts:
+    return []
+  tokens = cfg.train.global_batch_size * cfg.data.max_length
+  f = moe_figures(moe, m.hidden_size, m.filter_size, m.num_layers, 2, tokens)
+  per_layer = f["expert_parameters"] // f["expert_layers"]
+  ffn = f["dense_parameters_replaced"] // f["expert_layers"]
+  router = m.hidden_size * moe.num_experts
+  dense_compute = parameters - f["expert_parameters"] + f["expert_layers"] * (2 * ffn + router)
+  value_bytes = 2 if cfg.train.precision == "bfloat16" else 4
+  capacity = moe_capacity(moe.group_size, moe.num_experts, moe.capacity_factor_train,
+                          moe.min_expert_capacity)
+  return [
+      ("experts", f"{moe.num_experts} in each of {f['expert_layers']} layers (every "
+                  f"{moe.every}th feed-forward of encoder and decoder), top-2 (second: "
+                  f"{moe.second_policy}), capacity {capacity} per {moe.group_size}-token group "
+                  f"(factor {moe.capacity_factor_train:g}; eval {moe.capacity_factor_eval:g})"),
+      ("expert parameters", f"{f['expert_parameters']:,} ({per_layer:,} a layer) in place of "
+                            f"{f['dense_parameters_replaced']:,} dense"),
+      ("compute per token", f"that of {dense_compute:,} parameters of the {parameters:,} "
+                            "(two experts and the router per expert layer)"),
+      ("FFN FLOPs per token", f"{f['ffn_flops_per_token_moe']:,} in an expert layer against "
+                              f"{f['ffn_flops_per_token_dense']:,} dense (forward)"),
+      ("all-to-all per step", f"{f['all_to_all_values_per_step'] * value_bytes:,} bytes "
+                              f"({f['all_to_all_values_per_step']:,} values of "
+                              f"{value_bytes} bytes: dispatch and combine, forward and "
+                              "backward; a device keeps its 1/expert)")]
+
+
 def schedule_for(cfg: TransformerConfig) -> schedules.RsqrtSchedule:
   opt = cfg.optimizer
   return schedules.RsqrtSchedule(base_lr=opt.base_learning_rate,
@@ -337,4 +372,5 @@ SPEC = WorkloadSpec(
     missing_data=missing_data,
     check_framework=check_framework,
     sample_unit=sample_unit,
+    describe_lines=describe_lines,
 )
