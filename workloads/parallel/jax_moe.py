@@ -134,7 +134,8 @@ class MoEFeedForward(nn.Module):
                                      noise=noise)
     stats["aux_loss"] = (moe.load_balance_loss * stats["balance_loss"]
                          + moe.router_z_loss * stats["z_loss"])
-    self.sow("moe", "routing", stats)
+    if not self.is_initializing():          # init returns the parameters only
+      self.sow("moe", "routing", stats)
     expert_inputs = constrain(jnp.einsum("gsec,gsm->egcm", dispatch.astype(self.dtype), tokens),
                               ("experts", "batch", None, "embed"))
     outputs = Experts(moe.num_experts, self.hidden_size, self.filter_size, self.dtype,
