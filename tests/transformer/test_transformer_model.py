@@ -113,8 +113,10 @@ def test_param_axes_table_covers_every_flax_parameter_with_its_rank_and_sizes():
   assert param_axes(spec.PARAM_AXES, "encoder/layer_0/self_attention/output/kernel", 3) == (
       "heads", "kv", "embed")
   assert param_axes(spec.PARAM_AXES, "encoder/output_norm/scale", 1) == ("embed",)
-  # 2 x (2 encoder layers x 12 + 2 decoder layers x 18) + 1 embedding + 2 x 2 final norm leaves
-  assert len(shapes) == 2 * 12 + 2 * 18 + 1 + 4
+  # 2 x (2 encoder layers x 12 + 2 decoder layers x 18) + 1 embedding + 2 x 2 final norm leaves,
+  # and moe_mini's 2 expert layers' router kernel and experts' 2 kernels and 2 biases
+  assert len(_flax_shapes(cfg)) == 2 * 12 + 2 * 18 + 1 + 4
+  assert len(shapes) == 2 * 12 + 2 * 18 + 1 + 4 + 2 * 5
 
 
 def test_keras_variables_have_the_flax_paths_and_shapes():
