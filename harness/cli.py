@@ -274,8 +274,9 @@ def cmd_describe(args):
   # uncompiled).
   small = copy.deepcopy(cfg)
   axes, batch = cfg.parallel.axes(), args.cpu_devices or min(gbs, 8)   # divisible by 1, 2, 4, 8
-  if axes["model"] == 1 and axes["stage"] == 1 and cfg.parallel.microbatches == 1 and (
-      batch % max(axes["data"], 1) == 0):
+  # So does one on an expert axis: its routing groups are the batch shards' tokens.
+  if axes["model"] == 1 and axes["stage"] == 1 and axes["expert"] == 1 and (
+      cfg.parallel.microbatches == 1 and batch % max(axes["data"], 1) == 0):
     small.train.global_batch_size = small.data.eval_batch_size = batch
   if hasattr(small.data, "init_checkpoint"):        # describe builds the model, reads no data
     small.data.init_checkpoint = ""

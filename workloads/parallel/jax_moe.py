@@ -136,10 +136,14 @@ class MoEFeedForward(nn.Module):
                          + moe.router_z_loss * stats["z_loss"])
     if not self.is_initializing():          # init returns the parameters only
       self.sow("moe", "routing", stats)
+    # each device packs its own groups' slots (no communication), then the change of layout
+    # from groups over data x expert to experts over expert is the all-to-all; and back
     expert_inputs = constrain(jnp.einsum("gsec,gsm->egcm", dispatch.astype(self.dtype), tokens),
-                              ("experts", "batch", None, "embed"))
+                              ("routes", "batch", None, "embed"))
+    expert_inputs = constrain(expert_inputs, ("experts", "batch", None, "embed"))
     outputs = Experts(moe.num_experts, self.hidden_size, self.filter_size, self.dtype,
                       name="experts")(expert_inputs)
+    outputs = constrain(outputs, ("routes", "batch", None, "embed"))
     y = jnp.einsum("gsec,egcm->gsm", combine.astype(self.dtype), outputs)
     return constrain(y.reshape(rows, length, hidden), ("batch", "length", "embed"))
 

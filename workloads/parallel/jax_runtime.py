@@ -273,7 +273,8 @@ def _replica_groups(attributes: str):
   """An HLO op's replica groups as lists of device ids, from any of XLA's spellings: listed
   '{{0,1},{2,3}}'; iota '[2,4]<=[4,2]T(1,0)' (ids 0..n-1 reshaped, transposed, then grouped);
   mesh "mesh['axis_0'=2,'axis_1'=2] {'axis_1'}" (ids over that mesh, a group per value of
-  the unnamed axes); or a permute's source_target_pairs."""
+  the unnamed axes), whose ids may be an iota of their own ("device_ids=([2,2]T(1,0))"); or
+  a permute's source_target_pairs."""
   listed = re.search(r"replica_groups=\{((?:\{[\d,]*\},?)*)\}", attributes)
   if listed:
     return [[int(i) for i in g.split(",") if i]
@@ -286,13 +287,19 @@ def _replica_groups(attributes: str):
     if iota.group(3):
       ids = ids.transpose([int(d) for d in iota.group(3).split(",")])
     return ids.reshape(groups_shape[0], -1).tolist()
-  on_mesh = re.search(r"replica_groups=mesh\[([^\]]*)\] \{([^}]*)\}", attributes)
+  on_mesh = re.search(r"replica_groups=mesh\[([^\]]*)\](?:, device_ids=\(\[([\d,]+)\]"
+                      r"(?:T\(([\d,]+)\))?\))? \{([^}]*)\}", attributes)
   if on_mesh:
     axes = re.findall(r"'([^']+)'=(\d+)", on_mesh.group(1))
     names, sizes = [a for a, _ in axes], [int(n) for _, n in axes]
-    inside = [names.index(a) for a in re.findall(r"'([^']+)'", on_mesh.group(2))]
+    inside = [names.index(a) for a in re.findall(r"'([^']+)'", on_mesh.group(4))]
     outside = [i for i in range(len(names)) if i not in inside]
-    ids = np.arange(math.prod(sizes)).reshape(sizes).transpose(outside + inside)
+    ids = np.arange(math.prod(sizes))
+    if on_mesh.group(2):        # the mesh's device ids: an iota reshaped (and transposed)
+      ids = ids.reshape([int(d) for d in on_mesh.group(2).split(",")])
+      if on_mesh.group(3):
+        ids = ids.transpose([int(d) for d in on_mesh.group(3).split(",")])
+    ids = ids.reshape(sizes).transpose(outside + inside)
     return ids.reshape(-1, math.prod(sizes[i] for i in inside)).tolist()
   pairs = re.search(r"source_target_pairs=\{((?:\{\d+,\d+\},?)*)\}", attributes)
   if pairs:

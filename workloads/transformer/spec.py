@@ -282,8 +282,8 @@ def describe_lines(cfg: TransformerConfig, parameters: int) -> list[tuple[str, s
   capacity = moe_capacity(moe.group_size, moe.num_experts, moe.capacity_factor_train,
                           moe.min_expert_capacity)
   return [
-      ("experts", f"{moe.num_experts} in each of {f['expert_layers']} layers (every "
-                  f"{moe.every}th feed-forward of encoder and decoder), top-2 (second: "
+      ("experts", f"{moe.num_experts} in each of {f['expert_layers']} layers (one feed-forward "
+                  f"in {moe.every} of encoder and decoder), top-2 (second: "
                   f"{moe.second_policy}), capacity {capacity} per {moe.group_size}-token group "
                   f"(factor {moe.capacity_factor_train:g}; eval {moe.capacity_factor_eval:g})"),
       ("expert parameters", f"{f['expert_parameters']:,} ({per_layer:,} a layer) in place of "
@@ -292,10 +292,18 @@ def describe_lines(cfg: TransformerConfig, parameters: int) -> list[tuple[str, s
                             "(two experts and the router per expert layer)"),
       ("FFN FLOPs per token", f"{f['ffn_flops_per_token_moe']:,} in an expert layer against "
                               f"{f['ffn_flops_per_token_dense']:,} dense (forward)"),
-      ("all-to-all per step", f"{f['all_to_all_values_per_step'] * value_bytes:,} bytes "
-                              f"({f['all_to_all_values_per_step']:,} values of "
-                              f"{value_bytes} bytes: dispatch and combine, forward and "
-                              "backward; a device keeps its 1/expert)")]
+      ("all-to-all per step", _all_to_all_line(cfg, f["all_to_all_values_per_step"] * value_bytes))]
+
+
+def _all_to_all_line(cfg, total_bytes):
+  """The dispatch and combine, forward and backward, of all devices; with the mesh's data and
+  expert sizes, one device's part (its groups' slots: what its all-to-alls carry, of which
+  (expert - 1) / expert leave it)."""
+  axes = cfg.parallel.axes()
+  line = f"{total_bytes:,} bytes (dispatch and combine, forward and backward)"
+  if axes["data"] and axes["expert"] > 1:
+    line += f"; {total_bytes // (axes['data'] * axes['expert']):,} bytes a device"
+  return line
 
 
 def schedule_for(cfg: TransformerConfig) -> schedules.RsqrtSchedule:
