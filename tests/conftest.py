@@ -110,6 +110,7 @@ def run_to_target(cli, tmp_path, framework, workload, devices, layout, target, *
   assert row["final_metric"] >= row["target"] == target
   check = cli("check", row["log_path"])
   assert check.returncode == 0 and "PASSED" in check.stdout, check.stdout
+  return proc
 
 
 @pytest.fixture(scope="module")
@@ -190,6 +191,8 @@ def assert_same_saved_run(multi_path, one_path, count):
 # most tests first: the end-to-end files, two to eleven tests each, started last and the last of
 # them ran alone while the other workers idled). Files not listed follow, in collection order.
 LONG_FILES = (
+    "tests/parallel/test_moe_end_to_end.py",
+    "tests/parallel/test_tf_moe.py",
     "tests/parallel/test_tf_model_parallel_end_to_end.py",
     "tests/parallel/test_jax_pipeline.py",
     "tests/parallel/test_tf_pipeline.py",
@@ -207,6 +210,7 @@ LONG_FILES = (
     "tests/test_contract.py",
     "tests/parallel/test_jax_distributed.py",
     "tests/parallel/test_jax_model_parallel.py",
+    "tests/parallel/test_jax_moe.py",
     "tests/harness/test_summarize.py",
     "tests/bert/test_bert_parity.py",
     "tests/bert/test_bert_distributed.py",

@@ -11,6 +11,7 @@ import pytest
 from tests.parallel.test_jax_model_parallel import (RTOL, assert_trees_equal, float64_trainer,
                                                     loss_grads_and_two_steps, transformer_config,
                                                     transformer_loss)
+from workloads.common import moe
 from workloads.common.moe import MoEConfig
 from workloads.parallel import jax_runtime
 from workloads.transformer import jax_model, spec
@@ -59,7 +60,14 @@ def test_expert_parallel_equals_one_device(one_device, mesh):
   assert kernel.addressable_shards[0].data.shape == (4 // rt.expert, 32, 64 // rt.model)
   # tokens go to their experts' devices and back: all-to-alls over `expert`
   by_axis = rt.collectives_by_axis(trainer._train_step.as_text())  # pylint: disable=protected-access
-  assert by_axis[("all-to-all", "expert")][0] >= 4      # 2 expert layers x dispatch, combine
+  ops, _, nbytes = by_axis[("all-to-all", "expert")]
+  assert ops == 8                  # 2 expert layers x (dispatch, combine) x (forward, backward)
+  # what describe predicts (moe.figures): a device's groups' E x capacity slots of 32 float64
+  # values, 4 times per layer; and no other collective spans `expert` (no gathered tokens)
+  figures = moe.figures(trainer.cfg.model.moe, 32, 64, 2, 2, 8 * 12)
+  assert nbytes == figures["all_to_all_values_per_step"] * 8 // (rt.data * rt.expert)
+  assert not [key for key in by_axis if "expert" in key[1] and key[0] != "all-to-all"
+              and key[0] != "all-reduce"]
 
 
 def test_the_one_device_step_has_no_all_to_all(one_device):
