@@ -111,6 +111,9 @@ class WorkloadSpec:
   # (cfg, total parameters) -> [(label, text)]: describe's lines of the workload's own
   # (an MoE Transformer's experts: parameters, compute per token, all-to-all bytes)
   describe_lines: Callable[[Any, int], list] = lambda cfg, parameters: []
+  # (cfg, chips) -> (bytes one chip sends into one all-to-all of the step, what they are), or
+  # None: `simulate --workload W --collective all-to-all` (an MoE layer's dispatch)
+  all_to_all_bytes: Callable[[Any, int], tuple | None] = lambda cfg, chips: None
 
   @property
   def metric_name(self) -> str:

@@ -121,13 +121,22 @@ def machine_args(args) -> tuple[str, dict, machine_lib.Preset]:
   return topology, kwargs, preset
 
 
-def _workload_bytes(args) -> tuple[float, str]:
+def _workload_bytes(args, chips) -> tuple[float, str]:
   """The gradient bytes of a workload's step: its trainable parameters x the gradient dtype.
-  Counted from the model's shapes in the chosen framework (nothing is compiled)."""
+  Counted from the model's shapes in the chosen framework (nothing is compiled). With
+  --collective all-to-all: what one chip sends into one of the step's all-to-alls (an MoE
+  layer's dispatch) with the batch over the `chips`."""
   from harness import registry
   from harness.workload import RunContext
   spec = registry.get(args.workload)
   cfg = spec.configure(args.preset, args.overrides)
+  if args.collective == "all-to-all":
+    found = spec.all_to_all_bytes(cfg, chips)
+    if found is None:
+      raise UsageError(f"--collective all-to-all --workload {spec.name}: its step has no "
+                       "all-to-all (no expert layers); allowed: a workload with them, e.g. "
+                       "transformer --set model.moe.num_experts=E")
+    return found[0], f"{spec.name} ({args.preset}): {found[1]}"
   if hasattr(cfg.data, "init_checkpoint"):
     cfg.data.init_checkpoint = ""                # the shapes, not the weights
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -261,7 +270,7 @@ def run(args) -> int:
                        "writable folder")
   source = ""
   if args.workload:
-    nbytes, source = _workload_bytes(args)
+    nbytes, source = _workload_bytes(args, len(machine.live_chips))
 
   out = {"machine": machine.describe(), "preset": args.machine or "",
          "link_figures": {k: v for k, v in kwargs.items()}, "bytes": nbytes,
@@ -269,7 +278,9 @@ def run(args) -> int:
                      for n in names]}
   if source:
     out["workload"] = source
-  if args.scaling or args.workload:
+  # a workload's gradient bytes are the same on any chip count: the table from 8 chips on by
+  # default; an all-to-all's per-chip bytes are not (the batch splits over the chips): asked for
+  if args.scaling or (args.workload and args.collective != "all-to-all"):
     out["scaling"] = tables.scaling(kwargs, machine.kind, args.collective, names, nbytes,
                                     gpus_per_node=machine.shape[-1])
   if sweep:

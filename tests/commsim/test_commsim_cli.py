@@ -74,6 +74,21 @@ def test_workload_gradient_bytes_are_its_parameters(capsys):
   assert json.loads(out)["bytes"] == 2 * 25_557_032
 
 
+def test_an_moe_workload_s_all_to_all_moves_its_dispatch_slots(capsys):
+  """`--collective all-to-all --workload transformer` with expert layers: one chip's dispatch,
+  its groups' E x capacity slots of hidden values. moe_mini: 64 rows x 24 tokens over 16
+  chips = one group of 96 tokens, 4 experts x 30 slots x 64 float32 values."""
+  code, out, _ = _main(capsys, "--workload", "transformer", "--preset", "moe_mini",
+                       "--collective", "all-to-all", "--topology", "torus:4x4", "--algorithm",
+                       "direct", "--json")
+  doc = json.loads(out)
+  assert code == 0 and doc["bytes"] == 4 * 30 * 64 * 4
+  assert doc["results"][0]["algorithm"] == "direct"
+  code, _, err = _main(capsys, "--workload", "transformer", "--preset", "mini", "--collective",
+                       "all-to-all", "--topology", "torus:4x4")
+  assert code == 2 and "its step has no all-to-all (no expert layers)" in err
+
+
 def test_workload_bytes_agree_between_frameworks(capsys):
   """The Keras model (TF trainer) and the flax model (JAX trainer) count the same."""
   got = {}

@@ -116,6 +116,15 @@ def figures(moe: MoEConfig, hidden: int, filter_size: int, num_layers: int, stac
           "all_to_all_values_per_step": layers * 4 * groups * slots * hidden}
 
 
+def dispatch_bytes(moe: MoEConfig, hidden: int, tokens: int, chips: int, value_bytes: int
+                   ) -> int:
+  """The bytes one chip's dispatch all-to-all carries (its groups' E x capacity slots of
+  `hidden` values) when `tokens` a step are split over `chips` (data x expert)."""
+  slots = moe.num_experts * capacity(moe.group_size, moe.num_experts, moe.capacity_factor_train,
+                                     moe.min_expert_capacity)
+  return tokens // chips // moe.group_size * slots * hidden * value_bytes
+
+
 def report(metrics: dict) -> tuple[str, dict]:
   """A block's router figures ({z_loss, balance_loss, dropped, tokens, load [E]}, host
   numbers) -> (the progress line's part, TensorBoard scalars). load_e is expert e's share of

@@ -24,7 +24,8 @@ from harness.mesh import ParallelConfig
 from harness.workload import Metric, WorkloadSpec
 from workloads.common import mini_cache
 from workloads.common.moe import MoEConfig, check_groups
-from workloads.common.moe import capacity as moe_capacity, figures as moe_figures
+from workloads.common.moe import capacity as moe_capacity, dispatch_bytes as moe_dispatch_bytes
+from workloads.common.moe import figures as moe_figures
 from workloads.optim import schedules
 from workloads.optim.configs import AdamConfig
 from workloads.transformer import mini_corpus
@@ -295,6 +296,22 @@ def describe_lines(cfg: TransformerConfig, parameters: int) -> list[tuple[str, s
       ("all-to-all per step", _all_to_all_line(cfg, f["all_to_all_values_per_step"] * value_bytes))]
 
 
+def all_to_all_bytes(cfg: TransformerConfig, chips: int):
+  """(bytes a chip's dispatch all-to-all carries, what they are) with the batch over `chips`
+  (simulate --collective all-to-all), or None for the dense model."""
+  moe = cfg.model.moe
+  if not moe.num_experts:
+    return None
+  check_groups(moe, cfg.train.global_batch_size, cfg.data.max_length, chips)
+  value_bytes = 2 if cfg.train.precision == "bfloat16" else 4
+  tokens = cfg.train.global_batch_size * cfg.data.max_length
+  nbytes = moe_dispatch_bytes(moe, cfg.model.hidden_size, tokens, chips, value_bytes)
+  return nbytes, (f"{tokens:,} tokens a step over {chips} chips in groups of {moe.group_size}, "
+                  f"{moe.num_experts} experts x {moe_capacity(moe.group_size, moe.num_experts, moe.capacity_factor_train, moe.min_expert_capacity)} "
+                  f"slots of {cfg.model.hidden_size} x {value_bytes} B: {nbytes / 1e6:.4g} MB per "
+                  f"chip in each dispatch (and combine; x4 a layer with the backward)")
+
+
 def _all_to_all_line(cfg, total_bytes):
   """The dispatch and combine, forward and backward, of all devices; with the mesh's data and
   expert sizes, one device's part (its groups' slots: what its all-to-alls carry, of which
@@ -381,4 +398,5 @@ SPEC = WorkloadSpec(
     check_framework=check_framework,
     sample_unit=sample_unit,
     describe_lines=describe_lines,
+    all_to_all_bytes=all_to_all_bytes,
 )
