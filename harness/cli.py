@@ -1,4 +1,4 @@
-"""The command line: run, list, describe, summarize, compare, check, report, simulate.
+"""The command line: run, list, describe, summarize, compare, check, report, simulate, package.
 
 Every user error becomes one line `run_benchmark.py: error: ...` and exit code 2, raised
 before any log or result file is opened.
@@ -147,6 +147,22 @@ def build_parser():
                                  "of closed-division benchmarks; one verdict per file.")
   p.add_argument("log", metavar="PATH", help="an MLPerf log, or a submission / results folder")
   p.add_argument("--ruleset", help="override the ruleset, e.g. 4.0.0")
+
+  p = sub.add_parser("package", help="an MLPerf submission folder from result CSV rows",
+                     description="Write an MLPerf training submission folder (results/<system>/"
+                                 "<benchmark>/result_<i>.txt and systems/<system>.json) from "
+                                 "the latest runs of result CSVs, the round's run count per "
+                                 "benchmark, then run the official package checker on it.")
+  p.add_argument("csvs", nargs="+", metavar="CSV", help="result CSVs of `run`")
+  p.add_argument("--submitter", required=True, help="the submitting organization (a folder)")
+  p.add_argument("--system", required=True,
+                 help="the system's name (a folder; -jax / -tf appended when both frameworks)")
+  p.add_argument("--out", required=True, help="a new folder for the package")
+  p.add_argument("--division", choices=["closed", "open"],
+                 help="checked against what the runs' logs say (default: theirs)")
+  p.add_argument("--system-json", help="a JSON object of system-description fields to fill "
+                                       "in (processor, memory, interconnect, ...)")
+  p.add_argument("--force", action="store_true", help="write into an existing --out")
 
   from harness.commsim import command as simulate_command
   simulate_command.add_parser(sub)
@@ -441,6 +457,18 @@ def cmd_check(args):
   return 0 if passed else 1
 
 
+def cmd_package(args):
+  from harness import package, package_check
+  org, ruleset, lines = package.build(args.csvs, args.submitter, args.system, args.out,
+                                      args.division, args.system_json, args.force)
+  print(f"wrote {org}:")
+  print("\n".join(f"  {line}" for line in lines))
+  passed, report = package_check.check_package(org, ruleset)
+  print("\n".join(report))
+  print(f"next: run_benchmark.py summarize {os.path.dirname(org)}")
+  return 0 if passed else 1
+
+
 def cmd_simulate(args):
   from harness.commsim import command
   return command.run(args)
@@ -448,7 +476,7 @@ def cmd_simulate(args):
 
 COMMANDS = {"run": cmd_run, "list": cmd_list, "describe": cmd_describe,
             "summarize": cmd_summarize, "compare": cmd_compare, "check": cmd_check,
-            "report": cmd_report, "simulate": cmd_simulate}
+            "report": cmd_report, "simulate": cmd_simulate, "package": cmd_package}
 
 
 def main(argv=None) -> int:

@@ -17,6 +17,7 @@ import traceback
 import uuid
 
 from harness import cadence, results
+from harness import config as config_lib
 from harness.tensorboard import ScalarWriter
 from harness.mllog import RunLog, constants as C
 
@@ -72,6 +73,18 @@ def _mfu(flops_per_example, throughput, device_kind, num_devices, precision):
   return None
 
 
+def division(spec, preset: str, cfg) -> str:
+  """The MLPerf division a run's log declares: closed for the reference preset with the
+  reference model (tunable hyperparameters, data and layout may differ: the closed compliance
+  rules check the logged ones), open for anything else: a mini preset, or a changed model
+  (expert layers, other sizes)."""
+  if preset != "reference":
+    return C.OPEN
+  reference = spec.configure("reference", [])
+  return C.CLOSED if config_lib.flatten(reference.model) == config_lib.flatten(cfg.model) \
+      else C.OPEN
+
+
 def _extra(metrics) -> str:
   """A trainer's own figures for the progress line (an MoE model's router: 'router z ...')."""
   return f"{metrics['progress']} | " if metrics.get("progress") else ""
@@ -107,9 +120,8 @@ class Run:
 
   def _log_init_keys(self, log):
     cfg, trainer = self.cfg, self.trainer
-    closed = self.opts.preset == "reference"
     log.event(C.SUBMISSION_BENCHMARK, self.spec.mlperf_benchmark)
-    log.event(C.SUBMISSION_DIVISION, C.CLOSED if closed else C.OPEN)
+    log.event(C.SUBMISSION_DIVISION, division(self.spec, self.opts.preset, cfg))
     log.event(C.SUBMISSION_ORG, "mlperf-tf-jax-harness")
     log.event(C.SUBMISSION_PLATFORM, f"{trainer.num_devices}x{trainer.device_kind}")
     log.event(C.SUBMISSION_STATUS, "research")

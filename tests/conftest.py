@@ -211,6 +211,7 @@ LONG_FILES = (
     "tests/parallel/test_jax_distributed.py",
     "tests/parallel/test_jax_model_parallel.py",
     "tests/parallel/test_jax_moe.py",
+    "tests/harness/test_package_end_to_end.py",
     "tests/harness/test_summarize.py",
     "tests/bert/test_bert_parity.py",
     "tests/bert/test_bert_distributed.py",

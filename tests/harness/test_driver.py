@@ -205,3 +205,19 @@ def test_lower_is_better_metric_stops_when_it_falls_to_the_target(tmp_path):
   trainer = ScriptedTrainer([0.5, 0.3, 0.15, 0.1], metric="error_rate")
   row, _, _ = _run(tmp_path, trainer, cfg, workload=loss_like)
   assert row.status == "success" and trainer.evals == 3
+
+
+def test_division_is_closed_only_for_the_reference_model():
+  """The log's submission_division: the reference preset with its model is closed, whatever
+  its tunables (batch, learning rate) and layout; a mini preset, or the reference with a
+  changed model (ST-MoE experts, another width), is open."""
+  from harness import registry
+  from harness.driver import division
+  spec = registry.get("transformer")
+  tuned = spec.configure("reference", ["train.global_batch_size=2048",
+                                       "optimizer.base_learning_rate=1.0",
+                                       "parallel.mesh=data=2,model=4"])
+  assert division(spec, "reference", tuned) == "closed"
+  for preset, overrides in (("reference", ["model.moe.num_experts=32"]),
+                            ("reference", ["model.hidden_size=512"]), ("mini", [])):
+    assert division(spec, preset, spec.configure(preset, overrides)) == "open"
