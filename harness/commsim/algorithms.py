@@ -6,15 +6,21 @@ bidir         two rings, one each way round, half the data each.
 multiring     several rings on disjoint links, the data split between them (PowerAI DDL,
               NCCL): on a square KxK torus the two edge-disjoint Hamiltonian cycles that
               decompose it, each run both ways (4 rings, every link busy); on a mesh or another
-              torus a comb along x and one along y; on multinode one ring per rail, each
-              leaving a node through its own network port; on a ring, both directions.
+              torus a comb along x and one along y (in 3-D each both ways); on multinode one
+              ring per rail, each leaving a node through its own network port; on a ring,
+              both directions.
 2d            the 2-D scheme of the TPU pod (arXiv 1811.06992): reduce-scatter along the rows
               (x), all-reduce along the columns, all-gather along the rows; 2(X+Y-2) latency
               steps instead of 2(XY-1).
 2d-bidir      the same with every row and column ring run both ways on half the data.
+3d            its 3-D form (TPU v4 slices): reduce-scatter along x, then along y, all-reduce
+              along z, all-gather along y, then along x; 2(X+Y+Z-3) latency steps.
 hierarchical  multinode: reduce-scatter inside each node, all-reduce across nodes per rail,
               all-gather inside the node (2d on the nodes x GPUs grid).
 direct        all-to-all: every chip sends each other chip its block in one step.
+nvls          all-reduce in the NVSwitch (NVLink SHARP, H100 nodes): the switch sums each slice
+              and multicasts it; timed in closed form (timing._in_network), its data moves as
+              a direct reduce-scatter then all-gather through the switch (what ends where).
 
 Failed chips (Kumar & Jouppi, arXiv 2011.03605: route gradient all-reduce traffic around the
 holes of a 2-D mesh). Rings skip dead chips and their hops are routed around them. In the 2-D
@@ -35,21 +41,27 @@ from harness.commsim.schedule import COPY, REDUCE, Schedule, Stage, Track, ring_
 from harness.errors import UsageError
 
 COLLECTIVES = ("all-reduce", "reduce-scatter", "all-gather", "all-to-all")
-ALGORITHMS = ("ring", "bidir", "multiring", "2d", "2d-bidir", "hierarchical", "direct")
+ALGORITHMS = ("ring", "bidir", "multiring", "2d", "2d-bidir", "3d", "hierarchical", "direct",
+              "nvls")
 
 
 def applicable(machine, collective) -> list[str]:
   """The algorithms that run `collective` on this machine."""
   if collective == "all-to-all":
     names = ["direct"]
-    if machine.kind in ("mesh", "torus") and machine.alive.all():
+    if machine.kind in ("mesh", "torus") and len(machine.shape) == 2 and machine.alive.all():
       names.append("2d")
     return names
   names = ["ring", "bidir", "multiring"]
-  if machine.kind in ("mesh", "torus"):
+  if machine.kind in ("mesh", "torus") and len(machine.shape) == 2:
     names += ["2d", "2d-bidir"]
+  if machine.kind in ("mesh", "torus") and len(machine.shape) == 3 and machine.alive.all():
+    names.append("3d")
   if machine.kind == "multinode":
     names.append("hierarchical")
+    if (collective == "all-reduce" and machine.shape[0] == 1 and machine.efficiency.nvls > 0
+        and machine.alive.all()):
+      names.append("nvls")
   return names
 
 
@@ -65,6 +77,10 @@ def build(machine, collective: str, algorithm: str) -> Schedule:
     return _direct_all_to_all(machine) if algorithm == "direct" else _all_to_all_2d(machine)
   if algorithm in ("ring", "bidir", "multiring"):
     return _rings(machine, collective, algorithm, _ring_orders(machine, algorithm))
+  if algorithm == "3d":
+    return _dimension_by_dimension(machine, collective)
+  if algorithm == "nvls":
+    return _through_the_switch(machine)
   return _two_level(machine, collective, algorithm, both_ways=algorithm == "2d-bidir")
 
 
@@ -83,6 +99,9 @@ def _ring_orders(machine, algorithm):
     nodes, gpus = machine.shape
     return [keep([n * gpus + (r + g) % gpus for n in range(nodes) for g in range(gpus)])
             for r in range(gpus)]
+  if len(machine.shape) == 3:               # combs along x and along y, each both ways
+    return [keep(machine.comb(0)), keep(machine.comb(0))[::-1], keep(machine.comb(1)),
+            keep(machine.comb(1))[::-1]]
   X, Y = machine.shape
   if machine.kind == "torus" and X == Y and X >= 3:
     h1, h2 = _torus_hamiltonian_cycles(machine)
@@ -194,6 +213,53 @@ def _two_level(machine, collective, algorithm, both_ways) -> Schedule:
       owner[chunks] = chip
   return Schedule(collective, algorithm, machine.live_chips, num_chunks,
                   [s for s in stages if s.tracks], owner)
+
+
+def _dimension_by_dimension(machine, collective) -> Schedule:
+  """A healthy D-dimensional mesh or torus, one axis at a time. Chunk c's digits (x fastest,
+  as chip ids) name the chip that ends with it reduced; reducing along axis d, the chip at
+  position k of its line takes the chunks whose first d digits are its own coordinates and
+  whose digit d is k (prod(shape[d+1:]) of them)."""
+  shape = machine.shape
+  chips = np.arange(machine.num_chips).reshape(shape[::-1])     # [z, y, x]: chip ids
+  digits = np.stack(np.unravel_index(np.arange(machine.num_chips), shape[::-1])[::-1])
+  fold = _folded if machine.kind == "mesh" else (lambda places: list(places))
+  phases = []
+  for d in range(len(shape)):
+    lines = np.moveaxis(chips, len(shape) - 1 - d, -1).reshape(-1, shape[d])
+    rings, owned = [], []
+    for line in lines:
+      ring = [int(line[k]) for k in fold(range(shape[d]))]
+      mine = []
+      for chip in ring:
+        here = machine.coords(chip)
+        keep = np.ones(machine.num_chips, bool)
+        for e in range(d + 1):
+          keep &= digits[e] == here[e]
+        mine.append(np.flatnonzero(keep))
+      rings.append(ring), owned.append(mine)
+    phases.append((rings, owned))
+  stages = []
+  if collective in ("all-reduce", "reduce-scatter"):
+    stages += [ring_stage(r, o, REDUCE) for r, o in phases]
+  if collective in ("all-reduce", "all-gather"):
+    stages += [ring_stage(r, o, COPY) for r, o in phases[::-1]]
+  return Schedule(collective, "3d", machine.live_chips, machine.num_chips,
+                  [s for s in stages if s.tracks], np.arange(machine.num_chips))
+
+
+def _through_the_switch(machine) -> Schedule:
+  """NVLS's data movement: chip i's slice j summed on chip j, then chip j's sum copied to
+  every chip (each a direct message through the node switch)."""
+  live = machine.live_chips
+  p = len(live)
+  i, j = np.meshgrid(np.arange(p), np.arange(p), indexing="ij")
+  off = i != j
+  src, dst = live[i[off]], live[j[off]]
+  ones = np.ones(int(off.sum()), np.int64)
+  reduce = Track(src, dst, 1, lambda s: (ones, j[off]), REDUCE, True)
+  gather = Track(dst, src, 1, lambda s: (ones, j[off]), COPY, True)
+  return Schedule("all-reduce", "nvls", live, p, [Stage([reduce]), Stage([gather])], live)
 
 
 def _moves_stage(moves, forward) -> Stage:

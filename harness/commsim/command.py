@@ -2,9 +2,11 @@
 
     simulate --topology torus:32x32 --algorithm 2d --bytes 100MB [--failed 3,5 17,2] [--json]
     simulate --machine dgx-a100 --topology multinode:16x8 --algorithm all
-    simulate --workload resnet50 --preset reference     # its gradient all-reduce, 8..1024 chips
+    simulate --workload resnet50 --machine dgx-h100     # one training step, 8..4096 chips
+    simulate --measurements                             # the model against published figures
     simulate --topology mesh:16x16 --failure-sweep 1,2,4,8 --heatmap load.png --failed 3,5 9,9
 """
+import dataclasses
 import json
 import math
 import os
@@ -44,8 +46,15 @@ def add_parser(sub):
                   "bandwidth and per-link load (alpha-beta with link contention), optionally "
                   "checked by executing it on data. Framework-neutral (numpy).")
   p.add_argument("--machine", choices=sorted(machine_lib.PRESETS),
-                 help="link figures of a real machine (default: tpu-v3; dgx-a100 for "
-                      "multinode topologies)")
+                 help="link figures of a real machine, with its efficiency terms fitted to "
+                      "published measurements where it has them (default: tpu-v3; dgx-a100 "
+                      "for multinode topologies)")
+  p.add_argument("--ideal", action="store_true",
+                 help="the ideal alpha-beta model: no efficiency terms (link efficiency, "
+                      "protocols, launch, in-network reduction)")
+  p.add_argument("--measurements", action="store_true",
+                 help="print every published figure of measurements.csv beside the simulated "
+                      "one and the error (fit and held-out rows)")
   p.add_argument("--topology", help=machine_lib.TOPOLOGY_SYNTAX + " (default: the machine's)")
   p.add_argument("--collective", default="all-reduce", choices=algorithms.COLLECTIVES)
   p.add_argument("--algorithm", default="all",
@@ -65,6 +74,8 @@ def add_parser(sub):
   g.add_argument("--network-bandwidth", type=float, metavar="GB/S",
                  help="multinode: per rail and direction")
   g.add_argument("--network-latency", type=float, metavar="US", help="multinode: per message")
+  g.add_argument("--nics-per-node", type=int, metavar="K",
+                 help="multinode: network ports a node (default: the machine's; one per GPU)")
   w = p.add_argument_group("a workload's gradient all-reduce (sets --bytes)")
   w.add_argument("--workload", help="a workload of `list` (e.g. resnet50)")
   w.add_argument("--framework", default="jax", choices=("jax", "tf"),
@@ -76,14 +87,24 @@ def add_parser(sub):
   w.add_argument("--grad-dtype", default="float32", choices=sorted(GRAD_DTYPES),
                  help="dtype of the all-reduced gradients (default float32)")
   w.add_argument("--peak-tflops", type=float, metavar="T",
-                 help="with --mesh stage=K: a chip's peak rate (default: the machine's)")
+                 help="a chip's peak rate for the step's compute (default: the machine's)")
+  w.add_argument("--mfu", type=float, default=0.4,
+                 help="the step's model-FLOP utilisation: its compute takes FLOPs / (peak x "
+                      "MFU) (default 0.4)")
+  w.add_argument("--bucket-mb", type=float, metavar="MB",
+                 help="gradient bucket size (default: the framework's: jax 30 MiB, XLA's "
+                      "all-reduce combiner; tf one bucket after the backward pass)")
+  w.add_argument("--flops-per-example", type=float, metavar="F",
+                 help="the step's training FLOPs per example (default: XLA's cost analysis of "
+                      "the workload's JAX step, compiled here at a batch of 2)")
   w.add_argument("--mesh", metavar="data=D,model=M",
                  help="with --workload: time one step's collectives on this layout (the "
                       "gradient all-reduce over data of the bytes per device, the model axis's "
                       "all-reduces of activations at the preset's batch, counted in the JAX "
                       "step compiled on M simulated devices); D x M = the machine's chips")
   p.add_argument("--scaling", action="store_true",
-                 help="also the table from 8 to 1024 chips (on by default with --workload)")
+                 help="also the table from 8 to 1024 chips (with --workload: the step from 8 "
+                      "to 4096 chips)")
   p.add_argument("--failure-sweep", type=str, metavar="COUNTS",
                  help="slowdown with this many random failed chips, e.g. 1,2,4,8")
   p.add_argument("--seed", type=int, default=0, help="seed of the random failed chips")
@@ -108,13 +129,17 @@ def machine_args(args) -> tuple[str, dict, machine_lib.Preset]:
       raise UsageError(f"a link figure of {value} is out of range; allowed: > 0 "
                        "(bandwidth) or >= 0 (latency)")
     return value * scale
+  if args.nics_per_node is not None and args.nics_per_node < 1:
+    raise UsageError(f"--nics-per-node {args.nics_per_node} is out of range; allowed: >= 1")
+  nics = args.nics_per_node or preset.nics_per_node
   kwargs = dict(
       link_bandwidth=pick(args.link_bandwidth, preset.link_bandwidth, 1e9),
       link_latency=pick(args.link_latency, preset.link_latency, 1e-6),
       overhead=pick(args.overhead, preset.overhead, 1e-6),
       injection_bandwidth=pick(args.injection_bandwidth, preset.injection_bandwidth, 1e9),
       network_bandwidth=pick(args.network_bandwidth, preset.network_bandwidth, 1e9),
-      network_latency=pick(args.network_latency, preset.network_latency, 1e-6))
+      network_latency=pick(args.network_latency, preset.network_latency, 1e-6),
+      nics_per_node=nics, efficiency=None if args.ideal else preset.efficiency)
   if topology.startswith("multinode") and not kwargs["network_bandwidth"]:
     raise UsageError(f"--topology {topology} needs a network: --network-bandwidth or "
                      "--machine dgx-a100")
@@ -197,7 +222,7 @@ def _layout_step(args, topology, kwargs) -> dict:
   hops = model if kind in ("torus", "mesh") else 1
   data_kwargs = {**kwargs, "link_latency": kwargs["link_latency"] * hops}
   if kind in ("torus", "mesh") and shape[0] % model == 0 and data > 1:
-    data_topology = f"{kind}:{shape[0] // model}x{shape[1]}"
+    data_topology = f"{kind}:" + "x".join(map(str, (shape[0] // model, *shape[1:])))
   elif kind == "multinode" and shape[1] % model == 0 and data > 1:
     data_topology = f"multinode:{shape[0]}x{shape[1] // model}"
   else:
@@ -220,6 +245,14 @@ def _layout_step(args, topology, kwargs) -> dict:
 
 
 def run(args) -> int:
+  if args.measurements:
+    from harness.commsim import calibrate
+    out = calibrate.report()
+    if args.json:
+      print(json.dumps(out, indent=1, default=float))
+    else:
+      calibrate.print_report(out)
+    return 0
   topology, kwargs, preset = machine_args(args)
   if args.mesh:
     if not args.workload:
@@ -261,8 +294,8 @@ def run(args) -> int:
                        f"{', '.join(algorithms.ALGORITHMS)} or all")
     names = [args.algorithm]
     algorithms.build(machine, args.collective, args.algorithm)   # applicable here? (one line)
-  if args.heatmap and machine.kind not in ("mesh", "torus"):
-    raise UsageError(f"--heatmap draws a mesh or torus; {topology} is neither")
+  if args.heatmap and (machine.kind not in ("mesh", "torus") or len(machine.shape) != 2):
+    raise UsageError(f"--heatmap draws a 2-D mesh or torus; {topology} is not one")
   if args.heatmap:
     folder = os.path.dirname(os.path.abspath(args.heatmap))
     if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
@@ -273,16 +306,20 @@ def run(args) -> int:
     nbytes, source = _workload_bytes(args, len(machine.live_chips))
 
   out = {"machine": machine.describe(), "preset": args.machine or "",
-         "link_figures": {k: v for k, v in kwargs.items()}, "bytes": nbytes,
+         "link_figures": {k: v for k, v in kwargs.items() if k != "efficiency"},
+         "efficiency": dataclasses.asdict(machine.efficiency), "bytes": nbytes,
          "results": [tables.simulate(machine, args.collective, n, nbytes, check=args.check)
                      for n in names]}
   if source:
     out["workload"] = source
-  # a workload's gradient bytes are the same on any chip count: the table from 8 chips on by
-  # default; an all-to-all's per-chip bytes are not (the batch splits over the chips): asked for
-  if args.scaling or (args.workload and args.collective != "all-to-all"):
+  # with --workload the step's own table (8 to 4096 chips) says how it scales; the
+  # collective's table (the same bytes on 8 to 1024 chips) when asked for
+  if args.scaling:
     out["scaling"] = tables.scaling(kwargs, machine.kind, args.collective, names, nbytes,
-                                    gpus_per_node=machine.shape[-1])
+                                    gpus_per_node=machine.shape[-1], dims=len(machine.shape))
+  if args.workload and args.collective == "all-reduce":
+    from harness.commsim import step
+    out["step"] = step.run(args, machine, kwargs, preset, GRAD_DTYPES[args.grad_dtype])
   if sweep:
     out["failure_sweep"] = tables.failure_sweep(topology, kwargs, args.collective, names,
                                                 nbytes, sweep, args.seed)
@@ -300,6 +337,22 @@ def run(args) -> int:
   return 0
 
 
+def _efficiency_line(eff) -> str:
+  protocols = eff["protocols"]
+  if not protocols and eff["link"] == 1 and eff["network"] == 1 and not eff["nvls"]:
+    return "ideal alpha-beta (no efficiency terms: --ideal, or a machine without measurements)"
+  parts = [f"link efficiency {eff['link']:.3g}", f"network {eff['network']:.3g}"]
+  if eff["launch"]:
+    parts.append(f"launch {eff['launch'] * 1e6:.3g} us")
+  for p in protocols:
+    piece = "" if math.isinf(p["piece_bytes"]) else f" per {p['piece_bytes'] / 1e6:.3g} MB"
+    parts.append(f"{p['name']} {p['step_latency'] * 1e6:.3g} us{piece} at "
+                 f"{p['bandwidth_fraction']:.3g}")
+  if eff["nvls"]:
+    parts.append(f"NVLS {eff['nvls']:.3g} (+{eff['nvls_latency'] * 1e6:.3g} us)")
+  return ", ".join(parts) + " (fitted: simulate --measurements)"
+
+
 def _print(out, args, preset):
   import pandas as pd
   print(f"machine:  {out['machine']}")
@@ -311,11 +364,12 @@ def _print(out, args, preset):
   if preset.source and not any(getattr(args, k) is not None for k in (
       "link_bandwidth", "link_latency", "overhead")):
     print(f"source:   {preset.source}")
+  print("model:    " + _efficiency_line(out["efficiency"]))
   if "workload" in out:
     print(f"workload: {out['workload']}")
   print(f"{args.collective} of {out['bytes'] / 1e6:g} MB per chip:")
-  columns = ["algorithm", "time_s", "steps", "algbw_GBps", "busbw_GBps", "max_link_bytes",
-             "busiest_link"] + (["functional_check"] if args.check else [])
+  columns = ["algorithm", "protocol", "time_s", "steps", "algbw_GBps", "busbw_GBps",
+             "max_link_bytes", "busiest_link"] + (["functional_check"] if args.check else [])
   frame = pd.DataFrame(out["results"])[columns]
   frame["time_ms"] = frame.pop("time_s") * 1e3
   with pd.option_context("display.width", 200):
@@ -341,3 +395,6 @@ def _print(out, args, preset):
                                 if f))
   if "heatmap" in out:
     print(f"\nheat map: {out['heatmap']}")
+  if "step" in out:
+    from harness.commsim import step
+    step.print_step(out["step"])

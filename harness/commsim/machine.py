@@ -4,15 +4,19 @@ Topologies (`--topology`):
   ring:N           N chips in a ring
   mesh:XxY         2-D grid, chip (x, y) linked to its 4 neighbours, no wrap-around
   torus:XxY        2-D grid with wrap-around links (TPU v2/v3 pods)
+  torus:XxYxZ      3-D grid with wrap-around links, 6 neighbours a chip (TPU v4/v5p slices);
+                   mesh:XxYxZ likewise without them
   multinode:NxG    N nodes of G accelerators; inside a node every accelerator has a port on the
                    node's switch (NVSwitch); each accelerator also has its own port on a
-                   non-blocking network switch (one InfiniBand rail per GPU, as DGX nodes)
+                   non-blocking network switch (one InfiniBand rail per GPU, as DGX nodes),
+                   or, with nics_per_node K < G, G/K accelerators share each of K NICs
 
 Every physical link is full duplex: two directed links, each with its own bandwidth (bytes/s)
 and latency (s per hop). Switches are vertices that forward but hold no data. A message's
 latency is the per-message overhead plus the latencies of the hops on its route; its
 bandwidth share is decided by the timing model (timing.py). Chips are numbered row-major:
-chip (x, y) of a mesh is y * X + x; GPU g of node n is n * G + g.
+chip (x, y) of a mesh is y * X + x, (x, y, z) is (z * Y + y) * X + x; GPU g of node n is
+n * G + g.
 """
 import collections
 import dataclasses
@@ -23,7 +27,43 @@ import numpy as np
 
 from harness.errors import UsageError
 
-TOPOLOGY_SYNTAX = "ring:N, mesh:XxY, torus:XxY or multinode:NxG (e.g. torus:32x32)"
+TOPOLOGY_SYNTAX = ("ring:N, mesh:XxY[xZ], torus:XxY[xZ] or multinode:NxG (e.g. torus:32x32, "
+                   "torus:8x8x8)")
+
+
+@dataclasses.dataclass(frozen=True)
+class Protocol:
+  """How a collective library moves a message (NCCL's LL, LL128, Simple): each piece of at
+  most `piece_bytes` pays `step_latency` (the flag/synchronisation a step waits for), and the
+  payload gets `bandwidth_fraction` of the link (LL sends a 4-byte flag with every 4 bytes of
+  data: 1/2; LL128 120 of every 128 bytes: 15/16; Simple the whole line: 1)."""
+  name: str
+  step_latency: float
+  bandwidth_fraction: float = 1.0
+  piece_bytes: float = math.inf
+
+
+@dataclasses.dataclass(frozen=True)
+class Efficiency:
+  """What the ideal alpha-beta model leaves out, as named terms (figures fitted to
+  measurements.csv by calibrate.py, see docs/commsim.md):
+  link, network  achievable fraction of a link's (NVLink/ICI) or rail's (InfiniBand)
+                 bandwidth: protocol headers, packet and flow-control overhead
+  launch         seconds a collective costs before its first message (kernel launch, set-up)
+  protocols      the library's protocols; a collective runs the fastest for its size, so
+                 small messages go with low latency and large ones at full bandwidth
+  nvls           NVSwitch in-network reduction (NVLink SHARP, H100): achievable fraction of a
+                 port's bandwidth for it, 0 where the machine has none; nvls_latency its launch;
+                 nvls_piece the pieces its two phases (reduce in the switch, multicast the sum)
+                 are pipelined in: the multicast trails the reduce by one piece
+  """
+  link: float = 1.0
+  network: float = 1.0
+  launch: float = 0.0
+  protocols: tuple = ()
+  nvls: float = 0.0
+  nvls_latency: float = 0.0
+  nvls_piece: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,7 +78,21 @@ class Preset:
   network_latency: float = 0.0
   source: str = ""
   peak_flops: float = 0.0         # FLOP/s per chip (bf16 dense), for a pipeline step's compute
+  nics_per_node: int = 0          # multinode: network ports per node (0: one per accelerator)
+  efficiency: Efficiency | None = None   # None: the ideal model
 
+
+# NCCL on DGX nodes: the terms calibrate.py fits to measurements.csv (`python -m
+# harness.commsim.calibrate --fit` prints them; a test checks they are still its fit).
+A100_NCCL = Efficiency(
+    link=0.8014, network=1.0, launch=27.69e-6,
+    protocols=(Protocol("LL", 0.0067e-6, 0.5), Protocol("LL128", 42.05e-6, 15 / 16, 1.0e6),
+               Protocol("Simple", 7.09e-6, 1.0, 16.52e6)))
+H100_NCCL = dataclasses.replace(A100_NCCL, nvls=0.6652, nvls_latency=5.570e-6, launch=28.25e-6,
+                                nvls_piece=12.52e6)
+
+# TPU ICI: the link efficiency fitted to the v5e all-gather profile of measurements.csv.
+TPU_ICI = Efficiency(link=0.7468)
 
 PRESETS = {
     # 6.4 TB/s bisection (Cloud TPU v3 docs) over the 2 x 32 links a 32x32 torus cut crosses,
@@ -53,18 +107,42 @@ PRESETS = {
                        network_bandwidth=25e9, network_latency=2.5e-6,
                        source="NVIDIA DGX A100 datasheet: NVLink 600 GB/s per GPU, 8 x 200 Gb/s "
                               "HDR InfiniBand (latencies assumed); A100: 312 TFLOP/s bf16 dense",
-                       peak_flops=312e12),
+                       peak_flops=312e12, nics_per_node=8, efficiency=A100_NCCL),
+    # DGX H100: NVLink 4 through NVSwitch, 900 GB/s per GPU both directions together, with
+    # in-network reduction (NVLink SHARP); 8 NDR InfiniBand NICs of 400 Gb/s (50 GB/s).
+    "dgx-h100": Preset("multinode:4x8", 450e9, 1e-6, 5e-6, math.inf,
+                       network_bandwidth=50e9, network_latency=2.5e-6,
+                       source="NVIDIA DGX H100 datasheet: NVLink 900 GB/s per GPU, 8 x 400 Gb/s "
+                              "NDR InfiniBand; H100 SXM: 989 TFLOP/s bf16 dense",
+                       peak_flops=989e12, nics_per_node=8, efficiency=H100_NCCL),
+    # TPU v4: a 3-D torus of 4,096 chips, 6 ICI ports a chip. 45 GB/s a link and direction
+    # (the scaling book's table; 24 TB/s bisection over the 2 x 16 x 16 links a cut of a
+    # 16x16x16 torus crosses gives 46.9), 1 us a hop (the book: "typically around 1us").
+    # No TPU v4 collective measurement was reachable: the ICI efficiency is v5e's (below).
+    "tpu-v4": Preset("torus:16x16x16", 45e9, 1e-6, 0.0, math.inf,
+                     source="Cloud TPU v4 docs: 4096 chips, 3-D torus, 24 TB/s bisection, 275 "
+                            "TFLOP/s bf16; link and hop figures: the scaling book (jax-ml); ICI "
+                            "efficiency measured on v5e",
+                     peak_flops=275e12, efficiency=TPU_ICI),
+    # TPU v5e: a 2-D torus of 256 chips, 4 ports a chip, 400 GB/s ICI a chip both ways
+    # together (Cloud TPU v5e docs): 50 GB/s a link and direction; 1 us a hop.
+    "tpu-v5e": Preset("torus:16x16", 50e9, 1e-6, 0.0, math.inf,
+                      source="Cloud TPU v5e docs: 256 chips, 2-D torus, 400 GB/s ICI a chip, "
+                             "197 TFLOP/s bf16; hop latency: the scaling book",
+                      peak_flops=197e12, efficiency=TPU_ICI),
 }
 
 
 def parse_topology(text: str) -> tuple[str, tuple[int, ...]]:
-  m = re.fullmatch(r"(ring):(\d+)|(mesh|torus|multinode):(\d+)x(\d+)", text.strip())
+  m = re.fullmatch(r"(ring):(\d+)|(multinode):(\d+)x(\d+)|(mesh|torus):(\d+)x(\d+)(?:x(\d+))?",
+                   text.strip())
   if not m:
     raise UsageError(f"--topology {text!r} is not a topology; allowed: {TOPOLOGY_SYNTAX}")
-  kind = m.group(1) or m.group(3)
-  shape = (int(m.group(2)),) if m.group(1) else (int(m.group(4)), int(m.group(5)))
-  low = {"ring": (2,), "mesh": (1, 1), "torus": (1, 1), "multinode": (1, 1)}[kind]
-  if any(s < lo for s, lo in zip(shape, low)) or math.prod(shape) < 2:
+  kind = m.group(1) or m.group(3) or m.group(6)
+  shape = tuple(int(g) for g in m.groups()[{"ring": 1, "multinode": 3}.get(kind, 6):]
+                [:{"ring": 1, "multinode": 2}.get(kind, 3)] if g is not None)
+  low = 2 if kind == "ring" else 1
+  if min(shape) < low or math.prod(shape) < 2:
     raise UsageError(f"--topology {text!r} has fewer than 2 chips; allowed: {TOPOLOGY_SYNTAX}")
   return kind, shape
 
@@ -73,7 +151,8 @@ class Machine:
   def __init__(self, topology: str, link_bandwidth: float, link_latency: float = 0.0,
                overhead: float = 0.0, injection_bandwidth: float = math.inf,
                network_bandwidth: float = 0.0, network_latency: float = 0.0,
-               failed_chips=(), failed_links=()):
+               failed_chips=(), failed_links=(), nics_per_node: int = 0,
+               efficiency: Efficiency | None = None):
     self.topology = topology
     self.kind, self.shape = parse_topology(topology)
     self.num_chips = math.prod(self.shape)
@@ -81,13 +160,25 @@ class Machine:
     self.injection_bandwidth = float(injection_bandwidth)
     if link_bandwidth <= 0 or (self.kind == "multinode" and network_bandwidth <= 0):
       raise UsageError("link bandwidth must be > 0 (and the network's, for multinode)")
-    self._src, self._dst, self._bw, self._lat = [], [], [], []
+    gpus = self.shape[-1]
+    self.nics_per_node = nics_per_node if self.kind == "multinode" and nics_per_node else gpus
+    if self.kind == "multinode" and (self.nics_per_node < 1 or gpus % self.nics_per_node):
+      raise UsageError(f"{nics_per_node} NICs per node do not divide {gpus} accelerators a "
+                       "node; allowed: a divisor of the accelerators per node")
+    self.efficiency = efficiency or Efficiency()
+    # The ideal model: one protocol whose steps cost the per-message overhead.
+    self.protocols = self.efficiency.protocols or (Protocol("ideal", self.overhead),)
+    self._src, self._dst, self._bw, self._lat, self._net = [], [], [], [], []
     self._index = {}
     self.num_vertices = self.num_chips
     self._build(link_bandwidth, link_latency, network_bandwidth, network_latency)
     self.link_src = np.array(self._src, np.int64)
     self.link_dst = np.array(self._dst, np.int64)
     self.link_bandwidth = np.array(self._bw, np.float64)
+    self.link_is_network = np.array(self._net, bool)
+    # what a link carries at best: its bandwidth x the achievable fraction (1 when ideal)
+    self.achievable_bandwidth = self.link_bandwidth * np.where(
+        self.link_is_network, self.efficiency.network, self.efficiency.link)
     self.link_latency = np.array(self._lat, np.float64)
     self.num_links = len(self._src)
     self.alive = np.ones(self.num_chips, bool)
@@ -101,11 +192,12 @@ class Machine:
     self._check_connected()
 
   # ------------------------------------------------------------------ construction
-  def _link(self, u, v, bw, lat):
+  def _link(self, u, v, bw, lat, network=False):
     for a, b in ((u, v), (v, u)):
       if (a, b) not in self._index:
         self._index[(a, b)] = len(self._src)
         self._src.append(a), self._dst.append(b), self._bw.append(bw), self._lat.append(lat)
+        self._net.append(network)
 
   def _build(self, bw, lat, net_bw, net_lat):
     if self.kind == "ring":
@@ -113,23 +205,31 @@ class Machine:
       for i in range(n):
         self._link(i, (i + 1) % n, bw, lat)
     elif self.kind in ("mesh", "torus"):
-      X, Y = self.shape
       wrap = self.kind == "torus"
-      for y in range(Y):
-        for x in range(X):
-          if x + 1 < X or (wrap and X > 2):
-            self._link(self.chip_id((x, y)), self.chip_id(((x + 1) % X, y)), bw, lat)
-          if y + 1 < Y or (wrap and Y > 2):
-            self._link(self.chip_id((x, y)), self.chip_id((x, (y + 1) % Y)), bw, lat)
-    else:                                  # multinode: node switches, then the network switch
+      for chip in range(self.num_chips):
+        here = self.coords(chip)
+        for axis, size in enumerate(self.shape):
+          if here[axis] + 1 < size or (wrap and size > 2):
+            there = list(here)
+            there[axis] = (here[axis] + 1) % size
+            self._link(chip, self.chip_id(there), bw, lat)
+    else:             # multinode: node switches, [shared NICs,] then the network switch
       nodes, gpus = self.shape
-      network = self.num_chips + nodes
+      nics = self.nics_per_node
+      shared = nics < gpus
+      network = self.num_chips + nodes + (nodes * nics if shared else 0)
       self.num_vertices = network + 1
       for n in range(nodes):               # node-switch links first: BFS prefers them
         for g in range(gpus):
           self._link(n * gpus + g, self.num_chips + n, bw, lat / 2)
       for chip in range(self.num_chips):
-        self._link(chip, network, net_bw, net_lat / 2)
+        if not shared:
+          self._link(chip, network, net_bw, net_lat / 2, network=True)
+          continue
+        n, g = divmod(chip, gpus)           # GPUs g*K//G share NIC: the NIC's rail is shared
+        nic = self.num_chips + nodes + n * nics + g * nics // gpus
+        self._link(chip, nic, net_bw, 0.0, network=True)
+        self._link(nic, network, net_bw, net_lat / 2, network=True)
 
   def _fail_link(self, a, b):
     u, v = self.chip_id(a), self.chip_id(b)
@@ -147,12 +247,19 @@ class Machine:
       if ok:
         return coords[0]
     else:
-      ok = len(coords) == 2 and all(0 <= c < s for c, s in zip(coords, self.shape))
+      ok = len(coords) == len(self.shape) and all(0 <= c < s for c, s in zip(coords, self.shape))
       if ok:
-        a, b = coords
-        return b * self.shape[0] + a if self.kind != "multinode" else a * self.shape[1] + b
+        if self.kind == "multinode":
+          return coords[0] * self.shape[1] + coords[1]
+        chip = 0
+        for c, size in zip(reversed(coords), reversed(self.shape)):
+          chip = chip * size + c
+        return chip
+    letters = "XYZ"[:len(self.shape)]
     want = ("I with 0 <= I < %d" % self.shape[0] if self.kind == "ring" else
-            "NODE,GPU" if self.kind == "multinode" else "X,Y with X < %d, Y < %d" % self.shape)
+            "NODE,GPU" if self.kind == "multinode" else
+            ",".join(letters) + " with " + ", ".join(f"{a} < {n}" for a, n in zip(letters,
+                                                                               self.shape)))
     raise UsageError(f"chip {','.join(map(str, coords))} is not on {self.topology}; "
                      f"allowed: {want}")
 
@@ -161,7 +268,11 @@ class Machine:
       return (chip,)
     if self.kind == "multinode":
       return divmod(chip, self.shape[1])
-    return chip % self.shape[0], chip // self.shape[0]
+    out = []
+    for size in self.shape:
+      chip, c = divmod(chip, size)
+      out.append(c)
+    return tuple(out)
 
   def format(self, chip: int) -> str:
     return ",".join(map(str, self.coords(chip)))
@@ -171,9 +282,9 @@ class Machine:
     return np.flatnonzero(self.alive)
 
   def grid(self) -> np.ndarray:
-    """Chip ids as [rows, columns]: a mesh's rows along x; a multinode's nodes."""
-    if self.kind == "ring":
-      raise ValueError("a ring has no rows")
+    """Chip ids as [rows, columns]: a 2-D mesh's rows along x; a multinode's nodes."""
+    if self.kind == "ring" or len(self.shape) != 2:
+      raise ValueError("only a 2-D machine has rows and columns")
     if self.kind == "multinode":
       return np.arange(self.num_chips).reshape(self.shape)
     X, Y = self.shape
@@ -184,7 +295,23 @@ class Machine:
     the topology allows: a comb on a mesh (exact when Y is even), node-major on multinode."""
     if self.kind in ("ring", "multinode"):
       return list(range(self.num_chips))
-    return [self.chip_id(xy) for xy in comb_cycle(*self.shape)]
+    return self.comb(0)
+
+  def comb(self, first_axis: int) -> list[int]:
+    """comb_cycle over (the `first_axis` side, the other sides snaked into one): in 3-D the
+    rows are the (y, z) lines taken boustrophedon (z-layers in turn, y back and forth), so
+    consecutive rows are neighbours and the cycle is a neighbour cycle when it is one in 2-D."""
+    sides = list(self.shape)
+    rest = [a for a in range(len(sides)) if a != first_axis]
+    lines = _snake(rest, sides)
+    order = []
+    for a, r in comb_cycle(sides[first_axis], len(lines)):
+      coords = [0] * len(sides)
+      coords[first_axis] = a
+      for axis, c in zip(rest, lines[r]):
+        coords[axis] = c
+      order.append(self.chip_id(coords))
+    return order
 
   # ------------------------------------------------------------------ routes
   def _live_adjacency(self):
@@ -240,25 +367,47 @@ class Machine:
       path = self._dimension_ordered(u, v)
       if path is not None:
         return path
+    if self.kind == "multinode":
+      path = self._through_switches(u, v)
+      if path is not None and all(self.link_alive[l] for l in path):
+        return path
     return self._shortest(u, v)
 
+  def _through_switches(self, u, v):
+    """Multinode, the shortest route without a search (a search per pair is too slow at
+    thousands of GPUs): through the node switch inside a node, else out through u's network
+    port (or shared NIC) and in through v's."""
+    nodes, gpus = self.shape
+    (nu, gu), (nv, gv) = divmod(u, gpus), divmod(v, gpus)
+    if nu == nv:
+      switch = self.num_chips + nu
+      return (self._index[(u, switch)], self._index[(switch, v)])
+    network = self.num_vertices - 1
+    if self.nics_per_node == gpus:
+      return (self._index[(u, network)], self._index[(network, v)])
+    first = self.num_chips + nodes
+    nic_u = first + nu * self.nics_per_node + gu * self.nics_per_node // gpus
+    nic_v = first + nv * self.nics_per_node + gv * self.nics_per_node // gpus
+    return (self._index[(u, nic_u)], self._index[(nic_u, network)],
+            self._index[(network, nic_v)], self._index[(nic_v, v)])
+
   def _dimension_ordered(self, u, v):
-    (x0, y0), (x1, y1) = self.coords(u), self.coords(v)
-    links, x, y = [], x0, y0
-    for axis, target, size in ((0, x1, self.shape[0]), (1, y1, self.shape[1])):
-      here = (x, y)[axis]
-      delta = target - here
+    start, target = list(self.coords(u)), self.coords(v)
+    links, here = [], start
+    for axis, size in enumerate(self.shape):
+      delta = target[axis] - here[axis]
       if self.kind == "torus" and size > 2 and abs(delta) > size / 2:
         delta -= int(math.copysign(size, delta))
       step = 1 if delta > 0 else -1
       for _ in range(abs(delta)):
-        nxt = ((x + step) % self.shape[0], y) if axis == 0 else (x, (y + step) % self.shape[1])
-        a, b = self.chip_id((x, y)), self.chip_id(nxt)
+        nxt = list(here)
+        nxt[axis] = (here[axis] + step) % size
+        a, b = self.chip_id(here), self.chip_id(nxt)
         link = self._index[(a, b)]
         if not self.link_alive[link] or not self.alive[b]:
           return None
         links.append(link)
-        x, y = nxt
+        here = nxt
     return tuple(links)
 
   def _shortest(self, u, v):
@@ -271,10 +420,23 @@ class Machine:
       v = int(parent[v])
     return tuple(reversed(links))
 
+  def vertex_name(self, v: int) -> str:
+    if v < self.num_chips:
+      return self.format(int(v))
+    if v == self.num_vertices - 1 and self.kind == "multinode":
+      return "network"
+    nodes = self.shape[0]
+    if v < self.num_chips + nodes:
+      return f"switch{v - self.num_chips}"
+    n, k = divmod(v - self.num_chips - nodes, self.nics_per_node)
+    return f"nic{n}.{k}"
+
   def describe(self) -> str:
     dead = [self.format(c) for c in np.flatnonzero(~self.alive)]
     cut = self.num_links - int(self.link_alive.sum())
-    return (f"{self.topology}, {len(self.live_chips)} live chips"
+    nics = (f", {self.nics_per_node} NICs a node" if self.kind == "multinode"
+            and self.nics_per_node < self.shape[-1] else "")
+    return (f"{self.topology}, {len(self.live_chips)} live chips{nics}"
             + (f", failed chips {' '.join(dead)}" if dead else "")
             + (f", {cut // 2} failed links" if cut else ""))
 
@@ -288,6 +450,15 @@ def comb_cycle(X: int, Y: int) -> list[tuple[int, int]]:
   for y in range(1, Y):
     order += [(x, y) for x in (range(X - 1, 0, -1) if y % 2 else range(1, X))]
   return order + [(0, y) for y in range(Y - 1, 0, -1)]
+
+
+def _snake(axes, sides) -> list[tuple[int, ...]]:
+  """Every coordinate tuple over `axes`, the first fastest, each axis running back and forth
+  so that consecutive tuples differ by one step along one axis."""
+  if len(axes) == 1:
+    return [(c,) for c in range(sides[axes[0]])]
+  inner = _snake(axes[:-1], sides)
+  return [t + (k,) for k in range(sides[axes[-1]]) for t in (inner if k % 2 == 0 else inner[::-1])]
 
 
 def parse_chip(text: str) -> tuple[int, ...]:

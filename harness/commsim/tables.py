@@ -24,23 +24,28 @@ def simulate(machine: Machine, collective: str, algorithm: str, nbytes: float,
   return row
 
 
-def scaling_shape(kind: str, chips: int, gpus_per_node: int = 8) -> str:
-  """The topology of `chips` chips of a kind: the squarest X x Y with X >= Y for 2-D."""
+def scaling_shape(kind: str, chips: int, gpus_per_node: int = 8, dims: int = 2) -> str:
+  """The topology of `chips` chips of a kind: the squarest X x Y with X >= Y for 2-D, the
+  most cubic X x Y x Z with X >= Y >= Z for 3-D."""
   if kind == "ring":
     return f"ring:{chips}"
   if kind == "multinode":
     if chips % gpus_per_node:
       raise UsageError(f"{chips} chips do not fill nodes of {gpus_per_node}")
     return f"multinode:{chips // gpus_per_node}x{gpus_per_node}"
+  if dims == 3:
+    e = int(math.log2(chips))
+    z, y = 2 ** (e // 3), 2 ** ((e - e // 3) // 2)
+    return f"{kind}:{chips // (y * z)}x{y}x{z}"
   y = 2 ** (int(math.log2(chips)) // 2)
   return f"{kind}:{chips // y}x{y}"
 
 
 def scaling(machine_args: dict, kind: str, collective: str, algorithms_, nbytes,
-            chips=SCALING_CHIPS, gpus_per_node: int = 8) -> list[dict]:
+            chips=SCALING_CHIPS, gpus_per_node: int = 8, dims: int = 2) -> list[dict]:
   rows = []
   for n in chips:
-    topology = scaling_shape(kind, n, gpus_per_node)
+    topology = scaling_shape(kind, n, gpus_per_node, dims)
     machine = Machine(topology, **machine_args)
     for name in algorithms_:
       if name in algorithms.applicable(machine, collective):
@@ -89,8 +94,8 @@ def heatmap(machine: Machine, link_bytes: np.ndarray, path: str, title: str = ""
   """A PNG of a 2-D mesh/torus: every directed link as an arrow-side segment coloured by the
   bytes it carried, dead chips crossed out. Wrap-around links of a torus are drawn as stubs
   leaving the edge."""
-  if machine.kind not in ("mesh", "torus"):
-    raise UsageError(f"--heatmap draws a mesh or torus; {machine.topology} is neither")
+  if machine.kind not in ("mesh", "torus") or len(machine.shape) != 2:
+    raise UsageError(f"--heatmap draws a 2-D mesh or torus; {machine.topology} is not one")
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt

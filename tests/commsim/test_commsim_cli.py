@@ -5,7 +5,7 @@ import json
 import pytest
 
 from harness import cli
-from harness.commsim import algorithms, tables, timing
+from harness.commsim import algorithms, step, tables, timing
 from harness.commsim.machine import Machine
 
 
@@ -64,11 +64,12 @@ def test_workload_gradient_bytes_are_its_parameters(capsys):
   """`--workload` counts the parameters from the model's shapes (nothing compiled): ResNet-50
   v1.5 has the MLPerf reference's 25,557,032, all-reduced as float32 or bfloat16."""
   code, out, _ = _main(capsys, "--workload", "resnet50", "--topology", "torus:4x4",
-                       "--algorithm", "2d", "--json")
+                       "--algorithm", "2d", "--json", "--flops-per-example", "24e9")
   doc = json.loads(out)
   assert code == 0 and doc["bytes"] == 4 * 25_557_032
   assert "25,557,032 parameters" in doc["workload"]
-  assert [r["participants"] for r in doc["scaling"]] == list(tables.SCALING_CHIPS)
+  assert [r["chips"] for r in doc["step"]["scaling"]] == list(step.SCALING_CHIPS)
+  assert doc["step"]["gradient_bytes"] == doc["bytes"] and "scaling" not in doc
   code, out, _ = _main(capsys, "--workload", "resnet50", "--topology", "torus:4x4",
                        "--algorithm", "2d", "--grad-dtype", "bfloat16", "--json")
   assert json.loads(out)["bytes"] == 2 * 25_557_032
@@ -111,7 +112,7 @@ def test_workload_bytes_agree_between_frameworks(capsys):
     (["--topology", "torus:4x4", "--algorithm", "hierarchical"], "allowed: ring, bidir"),
     (["--topology", "torus:4x4", "--algorithm", "magic"], "is not an algorithm"),
     (["--topology", "mesh:3x3", "--failed", "1,0", "0,1"], "disconnect mesh:3x3"),
-    (["--topology", "ring:8", "--heatmap", "x.png"], "draws a mesh or torus"),
+    (["--topology", "ring:8", "--heatmap", "x.png"], "draws a 2-D mesh or torus"),
     (["--topology", "mesh:4x4", "--heatmap", "/nowhere/x.png"], "is not a writable folder"),
     (["--topology", "multinode:2x4", "--machine", "tpu-v3"], "needs a network"),
     (["--failure-sweep", "1,x"], "is not a list of counts"),
