@@ -7,7 +7,8 @@ papers' "fixed batch size limits data parallelism"):
 
   compute   = FLOPs per example x examples per chip / (peak x MFU); the forward pass is a
               third of it, the backward two thirds (backward = 2 x forward FLOPs)
-  gradients become ready during the backward pass in reverse parameter order; a parameter's
+  gradients become ready during the backward pass in reverse parameter order (Keras' creation
+              order, flax's parameter tree sorted by name); a parameter's
               gradient is ready once the backward pass has covered it, the backward FLOPs
               spread over the parameters in proportion to their size (exact for dense layers,
               where a layer's FLOPs are 2 x tokens x parameters; for convolutions the early
@@ -140,7 +141,12 @@ def workload_inputs(args) -> dict:
                                                                 describing=True))
   except ValueError as e:
     raise UsageError(str(e)) from None
-  sizes = list(trainer.parameter_sizes().values())
+  if args.framework == "tf":             # Keras' creation order: the forward order
+    if not hasattr(trainer, "model"):
+      trainer.build()
+    sizes = [math.prod(v.shape) for v in trainer.model.trainable_variables]
+  else:                                  # flax's parameter tree (sorted by name)
+    sizes = list(trainer.parameter_sizes().values())
   flops = args.flops_per_example
   if flops is None:
     flops = float(trainer.describe()["train_flops_per_example"])

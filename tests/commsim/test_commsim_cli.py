@@ -118,6 +118,11 @@ def test_workload_bytes_agree_between_frameworks(capsys):
     (["--failure-sweep", "1,x"], "is not a list of counts"),
     (["--link-bandwidth", "0"], "out of range"),
     (["--workload", "resnet5"], "unknown workload 'resnet5'"),
+    (["--topology", "torus:4x4x4", "--heatmap", "x.png"], "draws a 2-D mesh or torus"),
+    (["--topology", "torus:4x4x4x2"], "is not a topology"),
+    (["--topology", "multinode:2x8", "--nics-per-node", "0"], "--nics-per-node 0 is out of range"),
+    (["--topology", "multinode:2x8", "--nics-per-node", "3"], "3 NICs per node do not divide 8"),
+    (["--topology", "torus:4x4x4", "--algorithm", "2d"], "allowed: ring, bidir, multiring, 3d"),
 ])
 def test_bad_input_is_one_line_and_exit_2(capsys, argv, message):
   code, out, err = _main(capsys, *argv)
