@@ -227,6 +227,19 @@ def _check_data_dir(spec, cfg, args):
                      f"{spec.data_dir_contents}")
 
 
+def _check_tensorboard_dir(path):
+  """The event files' folder must exist or be creatable: its nearest existing ancestor a
+  writable folder (checked, nothing created: a bad path fails before the run, not after)."""
+  if os.path.exists(path) and not os.path.isdir(path):
+    raise UsageError(f"--tensorboard {path!r} is a file; allowed: a folder")
+  probe = os.path.abspath(path)
+  while not os.path.exists(probe):
+    probe = os.path.dirname(probe)
+  if not os.path.isdir(probe) or not os.access(probe, os.W_OK | os.X_OK):
+    raise UsageError(f"--tensorboard {path!r} cannot be created: {probe!r} is not a writable "
+                     "folder; allowed: a folder path under a writable folder")
+
+
 def cmd_run(args):
   from harness import driver, results
   spec, cfg = _workload_config(args)
@@ -238,8 +251,8 @@ def cmd_run(args):
   if cfg.parallel.num_processes > 1 and args.seed is None:
     raise UsageError("a multi-host run needs --seed (every process must build the same "
                      "initial weights); allowed: the same integer on every process")
-  if args.tensorboard and os.path.exists(args.tensorboard) and not os.path.isdir(args.tensorboard):
-    raise UsageError(f"--tensorboard {args.tensorboard!r} is a file; allowed: a folder")
+  if args.tensorboard:
+    _check_tensorboard_dir(args.tensorboard)
   existed = os.path.exists(args.results)
   results.check_writable(args.results)   # last check: it creates the file (header comes later)
   try:
@@ -422,6 +435,8 @@ def cmd_summarize(args):
   with pd.option_context("display.max_rows", None, "display.width", 200,
                          "display.max_colwidth", 60):
     print(table.to_string(index=False, float_format=lambda v: f"{v:.4f}"))
+  for line in table.attrs.get("skipped", []):
+    print(line)
   return 0
 
 

@@ -198,9 +198,21 @@ def _system_json(org, system):
   return None
 
 
-def summarize_mlperf(path: str, ruleset: str | None = None) -> list[dict]:
+def ruleset_benchmarks(ruleset: str) -> list[str]:
+  """The benchmarks the round's compliance rules cover (its closed_<benchmark>.yaml files)."""
+  folder = os.path.join(os.path.dirname(mlp_compliance.__file__), f"training_{ruleset}")
+  names = (os.path.basename(p)[len("closed_"):-len(".yaml")]
+           for p in glob.glob(os.path.join(folder, "closed_*.yaml")))
+  return sorted(n for n in names if n != "common")
+
+
+def summarize_mlperf(path: str, ruleset: str | None = None,
+                     skipped: list[str] | None = None) -> list[dict]:
+  """Rows of the benchmarks the ruleset covers; one line per benchmark folder it does not
+  cover is appended to `skipped` (the checker has no rules to read its logs with)."""
   systems = _system_dirs(path)
   ruleset = ruleset_of(path, ruleset)
+  covered = ruleset_benchmarks(ruleset)
   counts = benchmark_meta.get_result_file_counts("training")   # the official run counts
   rows = []
   for system_dir, desc in systems:
@@ -212,6 +224,11 @@ def summarize_mlperf(path: str, ruleset: str | None = None) -> list[dict]:
         continue
       benchmark = os.path.basename(bench_dir)
       benchmark = "maskrcnn" if benchmark == "mask" else benchmark
+      if benchmark not in covered:
+        if skipped is not None:
+          skipped.append(f"skipped {system}/{benchmark}: ruleset {ruleset} has no rules for "
+                         f"{benchmark} (it covers {', '.join(covered)})")
+        continue
       minutes, dropped = [], []
       for log in sorted(files):
         value, why = run_minutes(log, ruleset)
@@ -238,14 +255,22 @@ def summarize_mlperf(path: str, ruleset: str | None = None) -> list[dict]:
 
 
 def summarize(paths: list[str], ruleset: str | None = None) -> pd.DataFrame:
-  """One row per (system, benchmark); `ruleset` overrides the round of MLPerf folders."""
-  rows = []
+  """One row per (system, benchmark); `ruleset` overrides the round of MLPerf folders. The
+  benchmark folders the ruleset does not cover are named in the frame's attrs["skipped"];
+  if nothing is covered, a one-line error."""
+  rows, skipped = [], []
   for path in paths:
     if os.path.isfile(path):
       rows += summarize_csv(path)
     elif os.path.isdir(path):
-      rows += summarize_mlperf(path, ruleset)
+      rows += summarize_mlperf(path, ruleset, skipped)
     else:
       raise UsageError(f"{path!r}: no such file or folder; allowed: a result CSV or an MLPerf "
                        "results folder")
-  return pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
+  if skipped and not rows:
+    raise UsageError(f"--ruleset {ruleset} covers none of the benchmarks in {' '.join(paths)} "
+                     f"({len(skipped)} skipped); allowed: a ruleset with rules for them, or "
+                     "none (the round's own, from the training_vX.Y folder)")
+  frame = pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
+  frame.attrs["skipped"] = skipped
+  return frame

@@ -30,6 +30,8 @@ BAD_INPUTS = [
     (["run", "resnet50", "--results", "/proc/cannot/write.csv"], "'/proc/cannot/write.csv' cannot be written"),
     (["run", "resnet50", "--results", "{tmp}/foreign.csv"], "other columns"),
     (["run", "resnet50", "--results", "{tmp}"], "is a directory"),
+    (["run", "resnet50", "--tensorboard", "{tmp}/file.txt/tb"], "--tensorboard '{tmp}/file.txt/tb' cannot be created: '{tmp}/file.txt' is not a writable folder"),
+    (["run", "resnet50", "--tensorboard", "{tmp}/file.txt"], "is a file; allowed: a folder"),
     (["summarize", "{tmp}/nothing.csv"], "no such file or folder"),
     (["summarize", "{tmp}/binary.csv"], "is not a readable result CSV"),
     (["summarize", "{tmp}/foreign.csv"], "missing columns"),
