@@ -146,6 +146,16 @@ def test_round_rules_scaling_and_drop_counts():
   habana = summarize.summarize([os.path.join(ALL_ROUNDS, "training_v2.1", "Intel-HabanaLabs")])
   bert = habana.set_index(["system", "benchmark"]).loc[("HLS-Gaudi2-TF", "bert")]
   assert pd.isna(bert["score_min"]) and "compliance check failed" in bert["note"]
+  # scaling.json: the TF ResNet's olympic average of its own logs' minutes x 1.0011204...
+  folder = os.path.join(ALL_ROUNDS, "training_v2.1", "Intel-HabanaLabs", "results",
+                        "HLS-Gaudi2-TF", "resnet")
+  minutes = [summarize.run_minutes(os.path.join(folder, f"result_{i}.txt"), "2.1.0")[0]
+             for i in range(5)]
+  resnet = habana.set_index(["system", "benchmark"]).loc[("HLS-Gaudi2-TF", "resnet")]
+  factor = 1.0011204481792717                     # the folder's scaling.json
+  assert resnet["score_min"] == pytest.approx(
+      summarize.olympic_minutes(minutes, 0)[0] * factor, rel=1e-12)
+  assert "scaling.json" in resnet["note"]
   assert summarize.olympic_minutes(list(range(40)), 0, drop=4)[0] == sum(range(4, 36)) / 32
   assert summarize.olympic_minutes(list(range(38)), 2, drop=4)[0] == sum(range(4, 36)) / 32
   assert summarize.olympic_minutes(list(range(35)), 5, drop=4)[0] is None

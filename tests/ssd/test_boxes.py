@@ -331,3 +331,24 @@ def test_nms_on_device_candidates_equals_nms_of_the_whole_image():
   assert len(want[0]) > 50
   for a, b in zip(got, want):
     np.testing.assert_array_equal(a, b)
+
+
+def test_nms_and_device_candidates_agree_when_ties_straddle_max_output():
+  """Two classes, 150 disjoint boxes each, every score equal: 300 survivors for 200 places.
+  Both keep class 1's 150 and class 2's 50 lowest anchors (class, then anchor order); ranking
+  ties by rank alone (as nms_candidates did) would keep 100 of each."""
+  anchors, side = 300, 20
+  xy = np.stack(np.meshgrid(np.arange(side), np.arange(side)), -1).reshape(-1, 2)[:anchors]
+  ltrb = np.concatenate([xy, xy + 0.5], 1).astype(np.float32) / side       # no two overlap
+  probs = np.zeros((anchors, 3), np.float32)
+  probs[150:, 1] = 0.5              # class 1 on the upper anchors, class 2 on the lower ones
+  probs[:150, 2] = 0.5
+  want = boxes.nms(ltrb, probs, max_output=200)
+  top = np.argsort(-probs[:, 1:].T, axis=1, kind="stable")[:, :200]
+  got = boxes.nms_candidates(ltrb[top], np.take_along_axis(probs[:, 1:].T, top, 1),
+                             max_output=200)
+  for a, b in zip(got, want):
+    np.testing.assert_array_equal(a, b)
+  labels = want[2]
+  assert (labels == 1).sum() == 150 and (labels == 2).sum() == 50
+  np.testing.assert_array_equal(want[0][150:], ltrb[:50])     # class 2's lowest anchors

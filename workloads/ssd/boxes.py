@@ -219,8 +219,10 @@ def nms(boxes_ltrb, scores, score_threshold=0.05, iou_threshold=0.5, max_candida
   (the reference keeps `iou_sorted < criteria`; a 0/0 IoU is NaN and so dropped too). Then
   the max_output highest scores over all classes. Returns (boxes (k, 4), scores (k,), labels
   (k,) int32), highest score first (the reference returns them lowest first; COCO's
-  evaluation sorts them itself). Equal scores: the lower anchor index first (the reference's
-  torch sort leaves ties unspecified). No detections: empty arrays (the reference's
+  evaluation sorts them itself). Equal scores (the reference's torch sort leaves ties
+  unspecified): the lower class first, then inside a class the lower anchor index, a rule
+  `nms_candidates` can follow with no anchor indices (a class's candidates are in anchor order
+  among equal scores), so the two keep the same set when ties straddle max_output. No detections: empty arrays (the reference's
   torch.cat raises there and coco_eval skips the whole batch).
 
   Every class at once: candidates padded to (classes, max_candidates), and the greedy pass a
@@ -252,7 +254,7 @@ def nms(boxes_ltrb, scores, score_threshold=0.05, iou_threshold=0.5, max_candida
   kept_anchor = cand[kept_row, kept_rank]
   kept_cls = classes[kept_row].astype(np.int32)
   kept_scores = scores[kept_anchor, kept_cls]
-  best = np.lexsort((kept_anchor, -kept_scores))[:max_output]
+  best = np.lexsort((kept_rank, kept_cls, -kept_scores))[:max_output]
   return boxes_ltrb[kept_anchor[best]], kept_scores[best], kept_cls[best]
 
 
@@ -284,12 +286,13 @@ def nms_candidates(boxes_ltrb, scores, score_threshold=0.05, iou_threshold=0.5,
   """`nms` on the candidates a device eval step kept: boxes (C-1, K, 4) ltrb and scores
   (C-1, K) of each foreground class's K best anchors, best first (top_k: equal scores in
   anchor order). With K = max_candidates this is exactly `nms` of the whole image, since
-  `nms` looks at no more than those per class. Returns (boxes, scores, labels 1..C-1)."""
+  `nms` looks at no more than those per class and breaks ties the same way (class, then rank
+  in the class). Returns (boxes, scores, labels 1..C-1)."""
   boxes_ltrb, scores = np.asarray(boxes_ltrb), np.asarray(scores)
   alive = _greedy(boxes_ltrb, scores > score_threshold, iou_threshold)
   kept_row, kept_rank = np.nonzero(alive)
   kept_scores = scores[kept_row, kept_rank]
-  best = np.lexsort((kept_rank, -kept_scores))[:max_output]
+  best = np.lexsort((kept_rank, kept_row, -kept_scores))[:max_output]
   return (boxes_ltrb[kept_row[best], kept_rank[best]], kept_scores[best],
           (kept_row[best] + 1).astype(np.int32))
 
