@@ -269,7 +269,13 @@ def cmd_run(args):
         return spec.make_trainer(args.framework, cfg, ctx)
       except ValueError as e:                        # an impossible config for these devices
         raise UsageError(str(e)) from None
-    rows = driver.run_all(spec, cfg, opts, make_trainer)
+    try:
+      rows = driver.run_all(spec, cfg, opts, make_trainer)
+    except Exception as e:  # pylint: disable=broad-except
+      if type(e).__name__ != "DataLossError":      # tf.errors, without importing TensorFlow
+        raise
+      from workloads.common import records        # TF is loaded: the error came from it
+      raise UsageError(records.explain(e)) from None
   except UsageError:        # a config the trainer refused before any run: leave no empty file
     if not existed and os.path.exists(args.results) and os.path.getsize(args.results) == 0:
       os.remove(args.results)

@@ -7,6 +7,8 @@ import os
 
 import tensorflow as tf
 
+from workloads.common import records
+
 
 def host_slice(ds, global_batch_size, process_index, process_count):
   """This host's contiguous slice of every global batch (replica order: host 0 first)."""
@@ -50,7 +52,7 @@ def tfrecord_files(data_dir, pattern, what="TFRecords"):
   files = sorted(glob.glob(os.path.join(data_dir, pattern)))
   if not files:
     raise FileNotFoundError(f"no {what} match {os.path.join(data_dir, pattern)}")
-  return files
+  return records.noted(files)
 
 
 def sharded_records(files, seed, process_index=0, process_count=1, cycle_length=8,

@@ -16,6 +16,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
+from workloads.common import records
 from workloads.common.batching import host_slice, padded_eval
 
 # ImageNet channel statistics on 0..255 pixels (MLPerf reference).
@@ -107,6 +108,7 @@ def preprocess_eval(image_bytes, image_size, prep=MLPERF):
 def _imagenet_split(split, data_dir, process_index, process_count):
   """Reads this host's share of a split (tfds even_splits: every example on exactly one host)."""
   host_split = tfds.even_splits(split, n=process_count, drop_remainder=False)[process_index]
+  records.noted_tfds(tfds.builder("imagenet2012", data_dir=data_dir))
   return tfds.load("imagenet2012", split=host_split, data_dir=data_dir, shuffle_files=False,
                    decoders={"image": tfds.decode.SkipDecoding()},
                    download=False)

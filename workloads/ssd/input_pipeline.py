@@ -26,7 +26,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from workloads.common import coco, mini_cache
+from workloads.common import coco, mini_cache, records
 from workloads.common.batching import eval_batches_per_host, pad_and_batch
 from workloads.ssd import augment, boxes, mini_shapes, spec
 
@@ -126,7 +126,7 @@ def _coco_split(data_dir, split, process_index=0, process_count=1, shuffle_seed=
   image left as JPEG bytes (decoded after filtering and shuffling, which then hold bytes)."""
   host_split = tfds.even_splits(split, n=process_count, drop_remainder=False)[process_index]
   read_config = tfds.ReadConfig(shuffle_seed=shuffle_seed)
-  return tfds.builder(TFDS_NAME, data_dir=data_dir).as_dataset(
+  return records.noted_tfds(tfds.builder(TFDS_NAME, data_dir=data_dir)).as_dataset(
       split=host_split, shuffle_files=shuffle_seed is not None, read_config=read_config,
       decoders=decoders or {"image": tfds.decode.SkipDecoding()})
 
