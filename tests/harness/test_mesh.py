@@ -122,7 +122,7 @@ def test_every_parameter_of_every_workload_has_logical_axes(name):
   trainer_module = __import__(spec.trainer_modules["jax"], fromlist=["make_trainer"])
   from harness.workload import RunContext
   trainer = trainer_module.make_trainer(cfg, RunContext(seed=0, preset="tiny"))
-  shapes = jax.eval_shape(trainer._create_state, jax.random.key(0)).params
+  shapes = jax.eval_shape(trainer.create_state, jax.random.key(0)).params
   names = set()
   for path, leaf in jax.tree_util.tree_leaves_with_path(shapes):
     axes = mesh.param_axes(spec.param_axes, path_name(path), leaf.ndim)

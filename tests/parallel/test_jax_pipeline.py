@@ -104,8 +104,8 @@ def resnet(mesh, microbatches, remat=False, compiled=False):
   t = resnet_spec.SPEC.make_trainer("jax", cfg, RunContext(seed=0, preset="tiny"))
   t.dtype = jnp.float64
   t.model = t.model.clone(dtype=jnp.float64)
-  create = t._create_state                         # pylint: disable=protected-access
-  t._create_state = lambda rng: jax.tree.map(     # pylint: disable=protected-access
+  create = t.create_state                         # pylint: disable=protected-access
+  t.create_state = lambda rng: jax.tree.map(     # pylint: disable=protected-access
       lambda x: x.astype(jnp.float64) if getattr(x, "dtype", None) == jnp.float32 else x,
       create(rng))
   if not compiled:                                 # the pipelined function is jitted here

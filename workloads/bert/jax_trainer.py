@@ -60,7 +60,7 @@ class BertTrainer(MeshTrainer):
     positions = jnp.zeros((1, self.cfg.data.max_predictions_per_seq), jnp.int32)
     return self.model.init(rng, ids, ids, ids, positions)["params"]
 
-  def _create_state(self, rng, params=None):
+  def create_state(self, rng, params=None):
     init_key, dropout_key = jax.random.split(rng)
     params = self.init_params(init_key) if params is None else params
     return TrainState.create(apply_fn=self.model.apply, params=params, tx=self.tx,
@@ -70,7 +70,7 @@ class BertTrainer(MeshTrainer):
     """Initialises (or loads the reference checkpoint into) the state on the mesh and compiles
     both steps, before run_start."""
     rng = jax.random.key(self.ctx.seed)
-    shardings = self.state_shardings(self._create_state, rng)
+    shardings = self.state_shardings(self.create_state, rng)
     params = None
     if self.cfg.data.init_checkpoint and self.cfg.data.source == "tfrecord":
       params = jax_model.load_tf1_checkpoint(

@@ -95,7 +95,7 @@ class EfficientNetTrainer(MeshTrainer):
     self.tx = (jax_optimizers.make_optimizer(opt, self.schedule, opt.lars_weight_decay)
                if opt.name == "lars" else jax_optimizers.make_rmsprop(opt, self.schedule))
 
-  def _create_state(self, rng):
+  def create_state(self, rng):
     size = self.cfg.data.image_size
     params_key, dropout_key = jax.random.split(rng)
     variables = self.model.init(params_key, jnp.zeros((1, size, size, 3)), train=False)
@@ -107,7 +107,7 @@ class EfficientNetTrainer(MeshTrainer):
 
   def init(self):
     rng = jax.random.key(self.ctx.seed)
-    shardings = self.state_shardings(self._create_state, rng)
+    shardings = self.state_shardings(self.create_state, rng)
     self.state = self.initial_state(shardings, rng)
     step = functools.partial(train_step, runtime=self.runtime,
                              num_classes=self.cfg.model.num_classes,

@@ -126,7 +126,7 @@ class ResNetTrainer(MeshTrainer):
     self.schedule = schedules.warmup_poly_for(cfg.optimizer, cfg.train, self.train_examples)
     self.tx = jax_optimizers.make_optimizer(cfg.optimizer, self.schedule)   # one object: the
                                                           # state's pytree metadata must match
-  def _create_state(self, rng):
+  def create_state(self, rng):
     size = self.cfg.data.image_size
     variables = self.model.init(rng, jnp.zeros((1, size, size, 3)), train=False)
     return TrainState.create(apply_fn=self.model.apply, params=variables["params"], tx=self.tx,
@@ -135,13 +135,13 @@ class ResNetTrainer(MeshTrainer):
   def init(self):
     """Initialises the state on the mesh and compiles both steps (before run_start)."""
     rng = jax.random.key(self.ctx.seed)
-    shardings = self.state_shardings(self._create_state, rng)
+    shardings = self.state_shardings(self.create_state, rng)
     self.state = self.initial_state(shardings, rng)
     self.compile_steps(self.train_step_fn(), shardings)
 
   def layer_profile(self, rows):
     """[(forward FLOPs, output bytes)] per pipeline layer on `rows` images (simulate)."""
-    state = jax.eval_shape(self._create_state, jax.random.key(0))
+    state = jax.eval_shape(self.create_state, jax.random.key(0))
     variables = {"params": state.params, "batch_stats": state.batch_stats}
     size = self.cfg.data.image_size
 

@@ -102,7 +102,7 @@ class SsdTrainer(host_eval.CocoEval, MeshTrainer):
                                           mask=None)
     self.dboxes = boxes.default_boxes(**spec.anchor_geometry(cfg))
 
-  def _create_state(self, rng):
+  def create_state(self, rng):
     size = self.cfg.data.image_size
     variables = self.model.init(rng, jnp.zeros((1, size, size, 3)), train=False)
     return TrainState.create(apply_fn=self.model.apply, params=variables["params"], tx=self.tx,
@@ -110,7 +110,7 @@ class SsdTrainer(host_eval.CocoEval, MeshTrainer):
 
   def init(self):
     rng = jax.random.key(self.ctx.seed)
-    shardings = self.state_shardings(self._create_state, rng)
+    shardings = self.state_shardings(self.create_state, rng)
     self.state = self.initial_state(shardings, rng)
     # ImageNet backbone, placed as the init was (describe, without --data-dir, reads no data)
     if self.cfg.model.backbone_checkpoint and self.data_dir and not self.describing:

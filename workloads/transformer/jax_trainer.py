@@ -141,7 +141,7 @@ class TransformerTrainer(MeshTrainer):
     ids = jnp.zeros((1, self.cfg.data.max_length), jnp.int32)
     return self.model.init(rng, ids, ids)["params"]
 
-  def _create_state(self, rng, params=None):
+  def create_state(self, rng, params=None):
     init_key, dropout_key = jax.random.split(rng)
     params = self.init_params(init_key) if params is None else params
     return TrainState.create(apply_fn=self.model.apply, params=params, tx=self.tx,
@@ -149,7 +149,7 @@ class TransformerTrainer(MeshTrainer):
 
   def init(self):
     rng = jax.random.key(self.ctx.seed)
-    shardings = self.state_shardings(self._create_state, rng)
+    shardings = self.state_shardings(self.create_state, rng)
     self.state = self.initial_state(shardings, rng)
     self.compile_steps(self.train_step_fn(), shardings)
 
@@ -157,7 +157,7 @@ class TransformerTrainer(MeshTrainer):
     """[(forward FLOPs, output bytes)] per pipeline layer on `rows` rows (simulate); the
     output is what a stage cut after the layer sends on: the encoder's output, and once the
     decoder has begun the decoder's too."""
-    params = jax.eval_shape(self._create_state, jax.random.key(0)).params
+    params = jax.eval_shape(self.create_state, jax.random.key(0)).params
     n, length = self.cfg.model.num_layers, self.cfg.data.max_length
     ids = jax.ShapeDtypeStruct((rows, length), jnp.int32)
     hidden = jax.ShapeDtypeStruct((rows, length, self.cfg.model.hidden_size), self.dtype)
