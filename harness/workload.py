@@ -17,9 +17,6 @@ class RunContext:
   seed: int
   preset: str
   data_dir: str | None = None
-  synthetic_steps: int = 0
-  process_index: int = 0
-  process_count: int = 1
   describing: bool = False       # `describe`: a JAX layout larger than the machine is shapes only
 
 
