@@ -20,7 +20,8 @@ import tensorflow as tf
 
 from workloads.bert import spec
 from workloads.common import mini_cache
-from workloads.common.batching import host_slice, padded_eval, sharded_records, tfrecord_files
+from workloads.common.batching import (host_batch_size, host_slice, padded_eval, sharded_records,
+                                       tfrecord_files)
 
 PAD, UNK, CLS, SEP, MASK = 0, 1, 2, 3, 4         # the mini vocabulary's special tokens
 FIRST_WORD = 5
@@ -57,7 +58,7 @@ def tfrecord_train(data_cfg, global_batch_size, seed, data_dir, process_index=0,
                        process_count)
   ds = ds.shuffle(data_cfg.shuffle_buffer, seed=seed)
   ds = ds.map(lambda s: parse(s, data_cfg), num_parallel_calls=tf.data.AUTOTUNE)
-  return ds.batch(global_batch_size // process_count, drop_remainder=True).prefetch(
+  return ds.batch(host_batch_size(global_batch_size, process_count), drop_remainder=True).prefetch(
       tf.data.AUTOTUNE)
 
 

@@ -10,11 +10,17 @@ import tensorflow as tf
 from workloads.common import records
 
 
+def host_batch_size(global_batch_size, process_count):
+  """Each host's share of a global batch: the one place it is computed (the mesh fit check
+  has made it divide)."""
+  return global_batch_size // process_count
+
+
 def host_slice(ds, global_batch_size, process_index, process_count):
   """This host's contiguous slice of every global batch (replica order: host 0 first)."""
   if process_count == 1:
     return ds
-  host = global_batch_size // process_count
+  host = host_batch_size(global_batch_size, process_count)
   return ds.map(lambda b: {k: v[process_index * host:(process_index + 1) * host]
                            for k, v in b.items()})
 
@@ -42,10 +48,10 @@ def eval_batches_per_host(eval_examples, host_batch_size, process_count):
 def padded_eval(ds, eval_examples, global_batch_size, process_count):
   """This host's share `ds` of an eval split in padded batches of global/process_count; with
   several hosts, every host yields the same number of batches."""
-  host_batch_size = global_batch_size // process_count
-  steps = (eval_batches_per_host(eval_examples, host_batch_size, process_count)
+  host = host_batch_size(global_batch_size, process_count)
+  steps = (eval_batches_per_host(eval_examples, host, process_count)
            if process_count > 1 else None)
-  return pad_and_batch(ds, host_batch_size, steps)
+  return pad_and_batch(ds, host, steps)
 
 
 def tfrecord_files(data_dir, pattern, what="TFRecords"):

@@ -17,7 +17,7 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from workloads.common import records
-from workloads.common.batching import host_slice, padded_eval
+from workloads.common.batching import host_batch_size, host_slice, padded_eval
 
 # ImageNet channel statistics on 0..255 pixels (MLPerf reference).
 MEAN_RGB = (123.68, 116.78, 103.94)
@@ -116,7 +116,7 @@ def _imagenet_split(split, data_dir, process_index, process_count):
 
 def imagenet_train(data_cfg, global_batch_size, seed, data_dir, process_index=0, process_count=1,
                    prep=MLPERF):
-  host_batch_size = global_batch_size // process_count
+  host_batch = host_batch_size(global_batch_size, process_count)
   ds = _imagenet_split("train", data_dir, process_index, process_count)
   options = tf.data.Options()
   options.deterministic = False      # throughput over order; the shuffle is still seeded
@@ -124,7 +124,7 @@ def imagenet_train(data_cfg, global_batch_size, seed, data_dir, process_index=0,
   ds = ds.map(lambda ex: {"image": preprocess_train(ex["image"], data_cfg.image_size, prep),
                           "label": tf.cast(ex["label"], tf.int32)},
               num_parallel_calls=tf.data.AUTOTUNE)
-  return ds.batch(host_batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+  return ds.batch(host_batch, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
 
 
 def imagenet_eval(data_cfg, global_batch_size, data_dir, process_index=0, process_count=1,

@@ -35,7 +35,7 @@ import tensorflow as tf
 
 from harness import mesh, pipeline as gpipe
 from workloads.common import moe
-from workloads.common.batching import eval_batches_per_host
+from workloads.common.batching import eval_batches_per_host, host_batch_size
 from workloads.parallel import tf_model_parallel, tf_pipeline, tf_runtime
 
 
@@ -118,8 +118,9 @@ class StrategyTrainer:
     """This host's slice of every global training batch (real, mini or synthetic data)."""
     cfg, gbs = self.cfg, self.cfg.train.global_batch_size
     if cfg.data.source == "synthetic":
-      batch = self.pipeline.synthetic_batch(cfg, gbs // process_count, self.ctx.seed + 1)
-      specs = self.batch_spec(gbs // process_count)
+      host = host_batch_size(gbs, process_count)
+      batch = self.pipeline.synthetic_batch(cfg, host, self.ctx.seed + 1)
+      specs = self.batch_spec(host)
       return tf.data.Dataset.from_tensors(
           {k: tf.constant(v, specs[k].dtype) for k, v in batch.items()}).repeat()
     return self.pipeline.train_dataset(cfg, gbs, self.ctx.seed, self.data_dir, process_index,

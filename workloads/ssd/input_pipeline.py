@@ -27,7 +27,7 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from workloads.common import coco, mini_cache, records
-from workloads.common.batching import eval_batches_per_host, pad_and_batch
+from workloads.common.batching import eval_batches_per_host, host_batch_size, pad_and_batch
 from workloads.ssd import augment, boxes, mini_shapes, spec
 
 TFDS_NAME = "coco/2017"
@@ -94,7 +94,7 @@ def mini_train(cfg, global_batch_size, seed, data_dir=None, process_index=0, pro
   """Each host prepares only its slice of the same seeded global batch; the augmentation is
   seeded by the example's position in the global stream, so the global batches do not depend
   on the number of hosts."""
-  host = global_batch_size // process_count
+  host = host_batch_size(global_batch_size, process_count)
   ds = mini_shapes.dataset(mini_shapes.load(_mini_folder(cfg, data_dir), "train")).cache()
   ds = ds.filter(_has_boxes).repeat().shuffle(cfg.data.shuffle_buffer, seed=seed).enumerate()
   if process_count > 1:
@@ -114,7 +114,7 @@ def mini_eval(cfg, global_batch_size, data_dir=None, process_index=0, process_co
 def _padded(ds, eval_examples, global_batch_size, process_count):
   """Padded batches of global/process_count, exactly as many on every host as the trainers
   run (batching.eval_batches_per_host), with one host too."""
-  host = global_batch_size // process_count
+  host = host_batch_size(global_batch_size, process_count)
   return pad_and_batch(ds, host, eval_batches_per_host(eval_examples, host, process_count))
 
 
@@ -133,7 +133,7 @@ def _coco_split(data_dir, split, process_index=0, process_count=1, shuffle_seed=
 
 def coco_train(cfg, global_batch_size, seed, data_dir, process_index=0, process_count=1,
                augmenting=True):
-  host = global_batch_size // process_count
+  host = host_batch_size(global_batch_size, process_count)
   ds = _coco_split(data_dir, "train", process_index, process_count, shuffle_seed=seed)
   options = tf.data.Options()
   options.deterministic = False        # throughput over order; the shuffle is still seeded

@@ -26,7 +26,8 @@ import numpy as np
 import tensorflow as tf
 
 from workloads.common import mini_cache, packing
-from workloads.common.batching import host_slice, padded_eval, sharded_records, tfrecord_files
+from workloads.common.batching import (host_batch_size, host_slice, padded_eval, sharded_records,
+                                       tfrecord_files)
 from workloads.transformer import mini_corpus, spec, subwords
 
 MINI_FORMAT_VERSION = 2                       # bump when the generator changes
@@ -80,7 +81,7 @@ def tfrecord_train(data_cfg, global_batch_size, seed, data_dir, process_index=0,
   files = tfrecord_files(data_dir, data_cfg.train_pattern, "WMT TFRecords")
   ds = sharded_records(files, seed, process_index, process_count, reader=_file_rows(data_cfg))
   ds = ds.shuffle(data_cfg.shuffle_buffer, seed=seed)
-  return ds.batch(global_batch_size // process_count, drop_remainder=True).prefetch(
+  return ds.batch(host_batch_size(global_batch_size, process_count), drop_remainder=True).prefetch(
       tf.data.AUTOTUNE)
 
 
