@@ -57,6 +57,12 @@ def sample_blocks(max_samples, eval_every, global_batch_size):
   return out
 
 
+def steps_per_epoch(train_examples: int, global_batch_size: int) -> int:
+  """Steps that cover one epoch (the last batch of an epoch spills into the next): the one
+  place it is computed (the driver's blocks and the optimizers' schedules read it)."""
+  return math.ceil(train_examples / global_batch_size)
+
+
 def budget_steps(train, per_epoch) -> int:
   """Training steps the budget allows (max_samples for a sample schedule, else max_epochs; a
   listed schedule ends at its last listed epoch if that comes first)."""

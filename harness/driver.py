@@ -142,7 +142,7 @@ class Run:
     cfg, trainer, opts = self.cfg, self.trainer, self.opts
     gbs = cfg.train.global_batch_size
     synthetic = opts.preset == "synthetic"
-    per_epoch = math.ceil(trainer.train_examples / gbs)
+    per_epoch = cadence.steps_per_epoch(trainer.train_examples, gbs)
     max_steps = cadence.budget_steps(cfg.train, per_epoch)
     if synthetic:
       max_steps = opts.steps or cfg.train.synthetic_steps

@@ -5,9 +5,10 @@ tf.experimental.numpy), so the same formula runs in numpy tests, inside a jitted
 inside a TF graph.
 """
 import dataclasses
-import math
 
 import numpy as np
+
+from harness.cadence import steps_per_epoch
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,11 +34,6 @@ class WarmupPolySchedule:
     progress = ops.minimum(since / max(self.decay_steps, 1), 1.0)
     decayed = self.end_lr + (self.base_lr - self.end_lr) * (1.0 - progress) ** self.power
     return ops.where(step < self.warmup_steps, warmup, decayed)
-
-
-def steps_per_epoch(train_examples: int, global_batch_size: int) -> int:
-  """Steps that cover one epoch (the last batch of an epoch spills into the next)."""
-  return math.ceil(train_examples / global_batch_size)
 
 
 def warmup_poly_for(opt_cfg, train_cfg, train_examples: int) -> WarmupPolySchedule:
