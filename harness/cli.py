@@ -7,7 +7,7 @@ import argparse
 import os
 import sys
 
-from harness import cadence, mesh, registry, rules
+from harness import cadence, errors, mesh, registry, rules
 from harness import config as config_lib
 from harness.errors import EXIT_USAGE, UsageError
 
@@ -272,10 +272,10 @@ def cmd_run(args):
     try:
       rows = driver.run_all(spec, cfg, opts, make_trainer)
     except Exception as e:  # pylint: disable=broad-except
-      if type(e).__name__ != "DataLossError":      # tf.errors, without importing TensorFlow
+      line = errors.explained(e)       # e.g. a corrupt data file, met building the pipeline
+      if line is None:
         raise
-      from workloads.common import records        # TF is loaded: the error came from it
-      raise UsageError(records.explain(e)) from None
+      raise UsageError(line) from None
   except UsageError:        # a config the trainer refused before any run: leave no empty file
     if not existed and os.path.exists(args.results) and os.path.getsize(args.results) == 0:
       os.remove(args.results)

@@ -16,7 +16,7 @@ import time
 import traceback
 import uuid
 
-from harness import cadence, results
+from harness import cadence, errors, results
 from harness import config as config_lib
 from harness.tensorboard import ScalarWriter
 from harness.mllog import RunLog, constants as C
@@ -173,8 +173,10 @@ class Run:
       row["abort_reason"] = "interrupted"
       raise
     except Exception as e:  # pylint: disable=broad-except  # every run ends in a row
-      row["abort_reason"] = f"{type(e).__name__}: {e}".replace("\n", " ")[:300]
-      traceback.print_exc(file=sys.stderr)
+      line = errors.explained(e)       # e.g. a corrupt data file: its name, not a traceback
+      row["abort_reason"] = (line or f"{type(e).__name__}: {e}").replace("\n", " ")[:300]
+      if line is None:
+        traceback.print_exc(file=sys.stderr)
     finally:
       run_stop = time.time()
       if run_start is None:                        # failed during init

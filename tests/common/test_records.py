@@ -6,6 +6,7 @@ import os
 
 import tensorflow as tf
 
+from harness import errors
 from workloads.common import mini_cache, records
 
 
@@ -34,7 +35,9 @@ def test_a_corrupt_file_is_named_with_tf_data_s_reason(tmp_path):
       pass
   except tf.errors.DataLossError as e:
     line = records.explain(e)
+    assert errors.explained(e) == line       # what the command line and the driver ask
   assert f"data file '{bad}' is corrupt (" in line and "\n" not in line
+  assert errors.explained(ValueError("other")) is None
 
 
 def test_a_damaged_mini_set_is_generated_again(tmp_path):

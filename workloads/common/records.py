@@ -9,6 +9,8 @@ import os
 
 import tensorflow as tf
 
+from harness import errors
+
 _FILES = []
 
 
@@ -39,8 +41,11 @@ def first_corrupt(files=None):
   return None
 
 
-def explain(error) -> str:
+@errors.register_explainer
+def explain(error) -> str | None:
   """One line for a DataLossError of a run: the corrupt file and why, or what is known."""
+  if not isinstance(error, tf.errors.DataLossError):
+    return None
   found = first_corrupt()
   if found:
     path, reason = found
