@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from workloads.common import conv_geometry
 from workloads.efficientnet import spec
 
 # keras.applications' initialisers: VarianceScaling(2, fan_out, truncated normal) for convs,
@@ -26,10 +27,10 @@ dense_init = nn.initializers.variance_scaling(1.0 / 3.0, "fan_out", "uniform")
 
 
 def depthwise_as_taps(x, kernel, stride):
-  """A depthwise 'SAME' conv as the sum of its k x k taps (spec.DepthwiseTaps): the function
+  """A depthwise 'SAME' conv as the sum of its k x k taps (conv_geometry.DepthwiseTaps): the function
   of lax.conv_general_dilated with feature_group_count = channels, in ops XLA:CPU fuses."""
   n, h, w, c = x.shape
-  taps = spec.DepthwiseTaps(h, w, kernel.shape[0], stride)
+  taps = conv_geometry.DepthwiseTaps(h, w, kernel.shape[0], stride)
   x = jnp.pad(x, ((0, 0), taps.rows, taps.cols, (0, 0)))
   out = None
   for i, j, (top, left), (bottom, right) in taps:

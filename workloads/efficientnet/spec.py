@@ -14,7 +14,6 @@ from harness.config import TrainConfig, in_range, one_of, positive
 from harness.errors import UsageError
 from harness.mesh import ParallelConfig
 from harness.workload import TOP1, WorkloadSpec
-from workloads.common.conv_geometry import same_padding
 from workloads.optim import schedules
 from workloads.optim.configs import LarsPolyConfig, RmsPropConfig
 
@@ -77,36 +76,6 @@ def blocks(width_coefficient, depth_coefficient, drop_connect_rate):
                        drop_connect_rate * index / total))
       index += 1
   return out
-
-
-@dataclasses.dataclass(frozen=True)
-class DepthwiseTaps:
-  """A k x k depthwise 'SAME' conv at `stride` as a sum over its taps: pad the input by
-  (rows, cols), and tap (i, j) multiplies the strided slice [start, stop) (rows, columns) by
-  kernel[i, j] per channel. XLA:CPU lowers a grouped conv and its two gradients to a naive
-  loop nest; the taps are slices and multiply-adds that it fuses, 4-5x faster at
-  EfficientNet's shapes on 2 cores (64x16x16x32, k=3, forward + backward: 80 -> 17 ms). Both
-  models compute the conv this way when XLA compiles it for a CPU."""
-  height: int
-  width: int
-  kernel: int
-  stride: int
-
-  @property
-  def rows(self):
-    return same_padding(self.height, self.kernel, self.stride)
-
-  @property
-  def cols(self):
-    return same_padding(self.width, self.kernel, self.stride)
-
-  def __iter__(self):
-    """(i, j, (row start, column start), (row stop, column stop)) of every tap."""
-    s = self.stride
-    out_h, out_w = -(-self.height // s), -(-self.width // s)
-    for i in range(self.kernel):
-      for j in range(self.kernel):
-        yield i, j, (i, j), (i + (out_h - 1) * s + 1, j + (out_w - 1) * s + 1)
 
 
 @dataclasses.dataclass

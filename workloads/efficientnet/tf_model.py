@@ -11,6 +11,7 @@ import keras
 import tensorflow as tf
 from keras import layers
 
+from workloads.common import conv_geometry
 from workloads.efficientnet import spec
 from workloads.parallel import tf_layers
 
@@ -27,13 +28,13 @@ def _conv(filters, kernel, name, dtype, strides=1, use_bias=False, activation=No
 
 class DepthwiseConv2DTaps(layers.DepthwiseConv2D):
   """Keras' DepthwiseConv2D ('same', no bias; the same kernel variable) computed as the sum of
-  its k x k taps (spec.DepthwiseTaps), for a step XLA compiles for a CPU: XLA:CPU's grouped
+  its k x k taps (conv_geometry.DepthwiseTaps), for a step XLA compiles for a CPU: XLA:CPU's grouped
   conv is a naive loop nest. TF's own CPU kernel (no XLA) is fast and stays."""
 
   def call(self, inputs):
     _, h, w, _ = inputs.shape
     stride = self.strides[0]
-    taps = spec.DepthwiseTaps(h, w, self.kernel_size[0], stride)
+    taps = conv_geometry.DepthwiseTaps(h, w, self.kernel_size[0], stride)
     x = tf.pad(inputs, [(0, 0), taps.rows, taps.cols, (0, 0)])
     kernel = tf.cast(self.kernel, x.dtype)
     out = None
