@@ -19,6 +19,7 @@ import uuid
 from harness import cadence, errors, results
 from harness import config as config_lib
 from harness.tensorboard import ScalarWriter
+from harness.workload import is_synthetic
 from harness.mllog import RunLog, constants as C
 
 # Dense peak FLOP/s per device for MFU, by device_kind substring and precision.
@@ -141,7 +142,7 @@ class Run:
   def _execute(self, log) -> results.ResultRow:
     cfg, trainer, opts = self.cfg, self.trainer, self.opts
     gbs = cfg.train.global_batch_size
-    synthetic = opts.preset == "synthetic"
+    synthetic = is_synthetic(cfg)
     per_epoch = cadence.steps_per_epoch(trainer.train_examples, gbs)
     max_steps = cadence.budget_steps(cfg.train, per_epoch)
     if synthetic:
@@ -290,7 +291,7 @@ class Run:
 
   def _row(self, r) -> results.ResultRow:
     cfg, trainer, opts = self.cfg, self.trainer, self.opts
-    synthetic = opts.preset == "synthetic"
+    synthetic = is_synthetic(cfg)
     return results.ResultRow(
         run_id=self.run_id, started_at=self.started_at,
         system=opts.system or socket.gethostname(), workload=self.spec.name,

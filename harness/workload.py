@@ -11,6 +11,12 @@ from harness.config import FRAMEWORKS, apply_overrides, validate_tree
 from harness.errors import UsageError
 
 
+def is_synthetic(cfg) -> bool:
+  """A throughput-only run on generated batches: the one test of it (the driver's timing and
+  the trainers' data both read it), `data.source == "synthetic"`, whatever the preset."""
+  return getattr(cfg.data, "source", None) == "synthetic"
+
+
 @dataclasses.dataclass
 class RunContext:
   """What a trainer needs to know about this run beyond its config."""

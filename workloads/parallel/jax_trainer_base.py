@@ -33,6 +33,7 @@ import tensorflow as tf
 from jax.experimental import multihost_utils
 
 from harness import mesh, pipeline as gpipe
+from harness.workload import is_synthetic
 from workloads.common import moe
 from workloads.parallel import jax_runtime
 
@@ -160,7 +161,7 @@ class MeshTrainer:
     self._train_step = lowered.compile(compiler_options=options)
     # describe reads the train step's program only; a synthetic run has no eval split
     # (evaluate() refuses it), so its eval step would be compiled and never run
-    if self.describing or self.cfg.data.source == "synthetic":
+    if self.describing or is_synthetic(self.cfg):
       return
     with self.runtime.tracing():
       lowered = jax.jit(self.eval_step).lower(
@@ -186,7 +187,7 @@ class MeshTrainer:
 
   def _train_batches(self):
     if self._train_iter is None:        # first use is after run_start: no data read before
-      if self.cfg.data.source == "synthetic":
+      if is_synthetic(self.cfg):
         batch = self.synthetic_batch()
         self._train_iter = iter(lambda: batch, None)
       else:
@@ -221,7 +222,7 @@ class MeshTrainer:
     return jax.tree.map(np.asarray, outputs)
 
   def evaluate(self):
-    if self.cfg.data.source == "synthetic":
+    if is_synthetic(self.cfg):
       raise ValueError("a synthetic run has no eval split")
     rt = self.runtime
     if self._eval_data is None:         # built once: its .cache() then serves every eval

@@ -34,6 +34,7 @@ import numpy as np
 import tensorflow as tf
 
 from harness import mesh, pipeline as gpipe
+from harness.workload import is_synthetic
 from workloads.common import moe
 from workloads.common.batching import eval_batches_per_host, host_batch_size
 from workloads.parallel import tf_model_parallel, tf_pipeline, tf_runtime
@@ -117,7 +118,7 @@ class StrategyTrainer:
   def train_dataset(self, process_index, process_count):
     """This host's slice of every global training batch (real, mini or synthetic data)."""
     cfg, gbs = self.cfg, self.cfg.train.global_batch_size
-    if cfg.data.source == "synthetic":
+    if is_synthetic(cfg):
       host = host_batch_size(gbs, process_count)
       batch = self.pipeline.synthetic_batch(cfg, host, self.ctx.seed + 1)
       specs = self.batch_spec(host)
@@ -325,7 +326,7 @@ class StrategyTrainer:
     return metrics
 
   def evaluate(self):
-    if self.cfg.data.source == "synthetic":
+    if is_synthetic(self.cfg):
       raise ValueError("a synthetic run has no eval split")
     eval_bs = self.eval_batch_size()
     if self._eval_data is None:         # built once: its .cache() then serves every eval

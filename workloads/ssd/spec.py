@@ -17,7 +17,7 @@ from harness import cadence, mesh, rules
 from harness.config import TrainConfig, in_range, key_of, one_of, positive
 from harness.errors import UsageError
 from harness.mesh import ParallelConfig
-from harness.workload import Metric, WorkloadSpec
+from harness.workload import Metric, WorkloadSpec, is_synthetic
 from workloads.optim import schedules
 from workloads.optim.configs import SgdStepConfig
 
@@ -277,7 +277,7 @@ def missing_data(cfg, data_dir) -> list[str]:
   if cfg.data.source == "coco2017" and not os.path.isdir(os.path.join(data_dir, "coco")):
     missing.append("coco/2017/")
   ckpt = cfg.model.backbone_checkpoint
-  if cfg.data.source != "synthetic" and ckpt and not os.path.exists(os.path.join(data_dir, ckpt)):
+  if not is_synthetic(cfg) and ckpt and not os.path.exists(os.path.join(data_dir, ckpt)):
     missing.append(ckpt)
   return missing
 
