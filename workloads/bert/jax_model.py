@@ -11,6 +11,7 @@ reference checkpoint's variable names (see checkpoint.py), so loading is a table
 At the reference size the model has 336,226,108 parameters (formula in
 tests/test_bert_parity.py).
 """
+import dataclasses
 import functools
 from typing import Any
 
@@ -18,6 +19,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from workloads.bert import spec
 from workloads.parallel.jax_runtime import constrain
 
 LAYER_NORM_EPSILON = 1e-12
@@ -72,56 +74,45 @@ class TransformerLayer(nn.Module):
 
 
 class BertPretraining(nn.Module):
-  """(mlm_logits [B, P, V] at masked_lm_positions, nsp_logits [B, 2]), both float32."""
-  vocab_size: int = 30522
-  hidden_size: int = 1024
-  num_layers: int = 24
-  num_heads: int = 16
-  intermediate_size: int = 4096
-  max_position_embeddings: int = 512
-  type_vocab_size: int = 2
-  dropout: float = 0.1
-  initializer_range: float = 0.02
+  """(mlm_logits [B, P, V] at masked_lm_positions, nsp_logits [B, 2]), both float32. Its
+  sizes are the config's (spec.ModelConfig, bert_config.json's fields), as the Keras model's."""
+  config: spec.ModelConfig = dataclasses.field(default_factory=spec.ModelConfig)
   dtype: Any = jnp.float32          # compute dtype; parameters stay float32
 
   @nn.compact
   def __call__(self, input_ids, input_mask, segment_ids, masked_lm_positions, train=False):
     deterministic = not train
-    init = weight_init(self.initializer_range)
-    embed = functools.partial(nn.Embed, features=self.hidden_size, embedding_init=init)
+    c = self.config
+    init = weight_init(c.initializer_range)
+    embed = functools.partial(nn.Embed, features=c.hidden_size, embedding_init=init)
     norm = functools.partial(nn.LayerNorm, epsilon=LAYER_NORM_EPSILON, dtype=self.dtype)
     dense = functools.partial(nn.Dense, dtype=self.dtype, kernel_init=init)
-    word_embeddings = embed(self.vocab_size, name="word_embeddings")
+    word_embeddings = embed(c.vocab_size, name="word_embeddings")
     seq = input_ids.shape[1]
     x = (word_embeddings(input_ids)
-         + embed(self.max_position_embeddings, name="position_embeddings").embedding[:seq]
-         + embed(self.type_vocab_size, name="token_type_embeddings")(segment_ids))
+         + embed(c.max_position_embeddings, name="position_embeddings").embedding[:seq]
+         + embed(c.type_vocab_size, name="token_type_embeddings")(segment_ids))
     x = norm(name="embeddings_LayerNorm")(x)
-    x = nn.Dropout(self.dropout, deterministic=deterministic)(x).astype(self.dtype)
+    x = nn.Dropout(c.dropout, deterministic=deterministic)(x).astype(self.dtype)
     acc = accumulation_dtype(self.dtype)
     adder = (1.0 - input_mask.astype(acc)) * MASK_ADDER
-    for i in range(self.num_layers):
-      x = TransformerLayer(self.hidden_size, self.num_heads, self.intermediate_size,
-                           self.dropout, self.initializer_range, self.dtype,
+    for i in range(c.num_layers):
+      x = TransformerLayer(c.hidden_size, c.num_heads, c.intermediate_size,
+                           c.dropout, c.initializer_range, self.dtype,
                            name=f"layer_{i}")(x, adder, deterministic)
-    pooled = jnp.tanh(dense(self.hidden_size, name="pooler")(x[:, 0]))
+    pooled = jnp.tanh(dense(c.hidden_size, name="pooler")(x[:, 0]))
     nsp_logits = dense(2, name="nsp")(pooled)
     # Masked LM: only the masked positions go through the head (as the reference gathers).
     picked = jnp.take_along_axis(x, masked_lm_positions[..., None], axis=1)
-    picked = norm(name="mlm_LayerNorm")(gelu(dense(self.hidden_size, name="mlm_transform")(picked)))
-    output_bias = self.param("mlm_output_bias", nn.initializers.zeros, (self.vocab_size,))
+    picked = norm(name="mlm_LayerNorm")(gelu(dense(c.hidden_size, name="mlm_transform")(picked)))
+    output_bias = self.param("mlm_output_bias", nn.initializers.zeros, (c.vocab_size,))
     mlm_logits = constrain(word_embeddings.attend(picked.astype(self.dtype)) + output_bias,
                            ("batch", None, "vocab"))
     return mlm_logits.astype(acc), nsp_logits.astype(acc)
 
 
 def from_config(model_cfg, dtype=jnp.float32) -> BertPretraining:
-  return BertPretraining(vocab_size=model_cfg.vocab_size, hidden_size=model_cfg.hidden_size,
-                         num_layers=model_cfg.num_layers, num_heads=model_cfg.num_heads,
-                         intermediate_size=model_cfg.intermediate_size,
-                         max_position_embeddings=model_cfg.max_position_embeddings,
-                         type_vocab_size=model_cfg.type_vocab_size, dropout=model_cfg.dropout,
-                         initializer_range=model_cfg.initializer_range, dtype=dtype)
+  return BertPretraining(config=model_cfg, dtype=dtype)
 
 
 def pretraining_loss(mlm_logits, nsp_logits, batch):
