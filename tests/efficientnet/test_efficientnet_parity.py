@@ -15,6 +15,7 @@ import tensorflow as tf
 
 from tests.conftest import rel_err
 
+from workloads.common import jax_top1, tf_top1
 from workloads.efficientnet import jax_model, jax_trainer, spec, tf_model, tf_trainer
 from workloads.optim import jax_optimizers, schedules, tf_optimizers
 from workloads.optim.configs import LarsPolyConfig, RmsPropConfig
@@ -94,7 +95,7 @@ def _jax_loss_and_grads(flax_model, variables, batch):
     def loss_fn(params):
       logits, _ = flax_model.apply({"params": params, "batch_stats": variables["batch_stats"]},
                                    batch["image"], train=True, mutable=["batch_stats"])
-      return jax_trainer.cross_entropy(logits, batch["label"], MODEL.num_classes, 0.1)
+      return jax_top1.cross_entropy(logits, batch["label"], MODEL.num_classes, 0.1)
     _GRAD_FNS[key] = jax.jit(jax.value_and_grad(loss_fn))
   return _GRAD_FNS[key](variables["params"])
 
@@ -105,7 +106,7 @@ _GRAD_FNS = {}
 def _tf_loss_and_grads(keras_model, batch, l2=0.0):
   with tf.GradientTape() as tape:
     logits = keras_model(batch["image"], training=True)
-    loss = tf_trainer.cross_entropy_sum(logits, batch["label"], MODEL.num_classes, 0.1) / len(
+    loss = tf_top1.cross_entropy_sum(logits, batch["label"], MODEL.num_classes, 0.1) / len(
         batch["label"])
     if l2:
       loss += tf_trainer.l2_term(keras_model, l2)

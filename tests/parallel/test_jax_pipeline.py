@@ -18,6 +18,7 @@ import pytest
 from harness import pipeline
 from harness.workload import RunContext
 from tests.parallel.test_jax_model_parallel import float64_trainer, transformer_config
+from workloads.common import jax_top1
 from workloads.resnet import jax_trainer as resnet_trainer
 from workloads.resnet import spec as resnet_spec
 from workloads.transformer import jax_model as transformer_model
@@ -136,7 +137,7 @@ def resnet_reference(microbatches, data=1):
       index = rows[:, j].reshape(-1)
       logits, updates = model.apply({"params": params, "batch_stats": stats},
                                     batch["image"][index], True, mutable=["batch_stats"])
-      total += resnet_trainer.cross_entropy(logits, batch["label"][index], 10, 0.1) * len(index)
+      total += jax_top1.cross_entropy(logits, batch["label"][index], 10, 0.1) * len(index)
       new.append(updates["batch_stats"])
     return total / n, jax.tree.map(lambda *s: sum(s) / microbatches, *new)
   return jax.device_get(jax.jit(jax.value_and_grad(loss_fn, has_aux=True))(t.state.params))
@@ -196,7 +197,7 @@ def test_resnet_two_pipelined_steps_equal_two_micro_batched_steps():
           logits, upd = model.apply({"params": p, "batch_stats": stats},
                                     batch["image"][4 * j:4 * j + 4], True,
                                     mutable=["batch_stats"])
-          total += resnet_trainer.cross_entropy(logits, batch["label"][4 * j:4 * j + 4],
+          total += jax_top1.cross_entropy(logits, batch["label"][4 * j:4 * j + 4],
                                                 10, 0.1) * 4
           new.append(upd["batch_stats"])
         return total / 16, jax.tree.map(lambda *s: sum(s) / 4, *new)

@@ -17,6 +17,7 @@ import tensorflow as tf
 
 from tests.conftest import rel_err
 
+from workloads.common import jax_top1, tf_top1
 from workloads.optim.configs import LarsSgdConfig as OptimizerConfig
 from workloads.optim import jax_optimizers, schedules, tf_optimizers
 from workloads.resnet import jax_model, jax_trainer, spec, tf_model, tf_trainer
@@ -120,14 +121,14 @@ def _jax_loss_and_grads(flax_model, variables, batch):
   def loss_fn(params):
     logits, _ = flax_model.apply({"params": params, "batch_stats": variables["batch_stats"]},
                                  batch["image"], train=True, mutable=["batch_stats"])
-    return jax_trainer.cross_entropy(logits, batch["label"], CLASSES, 0.1)
+    return jax_top1.cross_entropy(logits, batch["label"], CLASSES, 0.1)
   return jax.value_and_grad(loss_fn)(variables["params"])
 
 
 def _tf_loss_and_grads(keras_model, batch):
   with tf.GradientTape() as tape:
     logits = keras_model(batch["image"], training=True)
-    loss = tf_trainer.cross_entropy_sum(logits, batch["label"], CLASSES, 0.1) / len(
+    loss = tf_top1.cross_entropy_sum(logits, batch["label"], CLASSES, 0.1) / len(
         batch["label"])
   return loss, tape.gradient(loss, keras_model.trainable_variables)
 

@@ -12,9 +12,9 @@ import functools
 
 import jax
 import jax.numpy as jnp
-import optax
 from flax.training import train_state
 
+from workloads.common import jax_top1
 from workloads.efficientnet import input_pipeline, jax_model, spec
 from workloads.optim import jax_optimizers
 from workloads.parallel import jax_runtime
@@ -26,12 +26,6 @@ class TrainState(train_state.TrainState):
   ema_params: dict
   ema_batch_stats: dict
   dropout_key: jax.Array
-
-
-def cross_entropy(logits, labels, num_classes, label_smoothing):
-  targets = optax.smooth_labels(jax.nn.one_hot(labels, num_classes, dtype=logits.dtype),
-                                label_smoothing)
-  return optax.softmax_cross_entropy(logits, targets).mean()
 
 
 def ema_update(ema, new, decay, step):
@@ -46,7 +40,7 @@ def loss_and_grads(apply_fn, params, batch_stats, batch, key, num_classes, label
   def loss_fn(p):
     logits, updates = apply_fn({"params": p, "batch_stats": batch_stats}, batch["image"],
                                train=True, mutable=["batch_stats"], rngs={"dropout": key})
-    loss = cross_entropy(logits, batch["label"], num_classes, label_smoothing)
+    loss = jax_top1.cross_entropy(logits, batch["label"], num_classes, label_smoothing)
     if l2:
       loss = loss + jax_optimizers.l2_term(p, l2)
     return loss, updates
@@ -79,8 +73,7 @@ def eval_step(state, batch):
   """Top-1 counts of the moving-average model."""
   logits = state.apply_fn({"params": state.ema_params, "batch_stats": state.ema_batch_stats},
                           batch["image"], train=False)
-  correct = (jnp.argmax(logits, -1) == batch["label"]) * batch["mask"]
-  return jnp.stack([correct.sum(), batch["mask"].sum()])
+  return jax_top1.counts(logits, batch)
 
 
 class EfficientNetTrainer(MeshTrainer):

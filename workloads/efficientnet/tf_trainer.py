@@ -9,17 +9,11 @@ as tf.train.ExponentialMovingAverage(decay, num_updates=step) does), which eval 
 """
 import tensorflow as tf
 
+from workloads.common import tf_top1
 from workloads.efficientnet import input_pipeline, spec, tf_model
 from workloads.optim import tf_optimizers
 from workloads.parallel import tf_layers
 from workloads.parallel.tf_trainer_base import StrategyTrainer
-
-
-def cross_entropy_sum(logits, labels, num_classes, label_smoothing):
-  """Summed (not averaged) label-smoothed cross entropy: callers divide by the global batch."""
-  targets = tf.one_hot(labels, num_classes, dtype=logits.dtype)
-  targets = targets * (1.0 - label_smoothing) + label_smoothing / num_classes
-  return tf.reduce_sum(tf.nn.softmax_cross_entropy_with_logits(targets, logits))
 
 
 def l2_term(model, weight_decay):
@@ -80,7 +74,7 @@ class EfficientNetTrainer(StrategyTrainer):
     cfg = self.cfg
     with tf.GradientTape() as tape:
       logits = self.model(batch["image"], training=True)
-      loss = cross_entropy_sum(logits, batch["label"], cfg.model.num_classes,
+      loss = tf_top1.cross_entropy_sum(logits, batch["label"], cfg.model.num_classes,
                                cfg.optimizer.label_smoothing) / cfg.train.global_batch_size
       if spec.loss_l2(cfg):   # each replica's share: the sum over replicas is the term once
         loss += l2_term(self.model, spec.loss_l2(cfg)) / self.runtime.num_replicas
@@ -99,9 +93,7 @@ class EfficientNetTrainer(StrategyTrainer):
 
   def eval_step(self, batch):
     logits = self.ema_model(batch["image"], training=False)
-    correct = tf.cast(tf.argmax(logits, -1, output_type=tf.int32) == batch["label"], tf.float32)
-    mask = batch["mask"]
-    return tf.stack([tf.reduce_sum(correct * mask), tf.reduce_sum(mask)])
+    return tf_top1.counts(logits, batch["label"], batch["mask"])
 
 
 def make_trainer(cfg, ctx):

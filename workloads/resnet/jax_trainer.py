@@ -10,10 +10,10 @@ import functools
 
 import jax
 import jax.numpy as jnp
-import optax
 from flax.training import train_state
 
 from harness.pipeline import stage_ranges
+from workloads.common import jax_top1
 from workloads.optim import jax_optimizers, schedules
 from workloads.parallel import jax_pipeline
 from workloads.parallel.jax_runtime import DATA
@@ -26,17 +26,11 @@ class TrainState(train_state.TrainState):
   batch_stats: dict
 
 
-def cross_entropy(logits, labels, num_classes, label_smoothing):
-  targets = optax.smooth_labels(jax.nn.one_hot(labels, num_classes, dtype=logits.dtype),
-                                label_smoothing)
-  return optax.softmax_cross_entropy(logits, targets).mean()
-
-
 def loss_and_grads(apply_fn, params, batch_stats, batch, num_classes, label_smoothing):
   def loss_fn(p):
     logits, updates = apply_fn({"params": p, "batch_stats": batch_stats}, batch["image"],
                                train=True, mutable=["batch_stats"])
-    return cross_entropy(logits, batch["label"], num_classes, label_smoothing), updates
+    return jax_top1.cross_entropy(logits, batch["label"], num_classes, label_smoothing), updates
   (loss, updates), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
   return loss, grads, updates["batch_stats"]
 
@@ -67,7 +61,7 @@ def pipelined_loss_and_grads(model, runtime, cut, params, batch_stats, batch, *,
       delta = jax.tree.map(jnp.subtract, updates["batch_stats"], batch_stats)
       if k < stages - 1:
         return boundary.pack(y), {"loss": jnp.zeros((), y.dtype), "stats": delta}
-      loss = cross_entropy(y, micro["label"], num_classes, label_smoothing) * rows
+      loss = jax_top1.cross_entropy(y, micro["label"], num_classes, label_smoothing) * rows
       return boundary.empty(rows), {"loss": loss, "stats": delta}
     return fn
 
@@ -107,8 +101,7 @@ def train_step(state, batch, *, runtime, num_classes, label_smoothing, pipelined
 def eval_step(state, batch):
   logits = state.apply_fn({"params": state.params, "batch_stats": state.batch_stats},
                           batch["image"], train=False)
-  correct = (jnp.argmax(logits, -1) == batch["label"]) * batch["mask"]
-  return jnp.stack([correct.sum(), batch["mask"].sum()])
+  return jax_top1.counts(logits, batch)
 
 
 class ResNetTrainer(MeshTrainer):

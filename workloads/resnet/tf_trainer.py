@@ -8,17 +8,11 @@ import numpy as np
 import tensorflow as tf
 
 from harness.pipeline import stage_ranges
+from workloads.common import tf_top1
 from workloads.optim import schedules, tf_optimizers
 from workloads.parallel import tf_pipeline
 from workloads.parallel.tf_trainer_base import StrategyTrainer
 from workloads.resnet import input_pipeline, spec, tf_model
-
-
-def cross_entropy_sum(logits, labels, num_classes, label_smoothing):
-  """Summed (not averaged) label-smoothed cross entropy: callers divide by the global batch."""
-  targets = tf.one_hot(labels, num_classes, dtype=logits.dtype)
-  targets = targets * (1.0 - label_smoothing) + label_smoothing / num_classes
-  return tf.reduce_sum(tf.nn.softmax_cross_entropy_with_logits(targets, logits))
 
 
 class ResNetTrainer(StrategyTrainer):
@@ -52,7 +46,7 @@ class ResNetTrainer(StrategyTrainer):
       logits = self.model(batch["image"], training=True)
       # Summed over this replica's examples and divided by the global batch, so the sum over
       # replicas is the global mean; the k replicas of a spatial group share each example.
-      loss = cross_entropy_sum(logits, batch["label"], cfg.model.num_classes,
+      loss = tf_top1.cross_entropy_sum(logits, batch["label"], cfg.model.num_classes,
                                cfg.optimizer.label_smoothing) / (
                                    cfg.train.global_batch_size * self.runtime.spatial)
     return loss, tape.gradient(loss, self.model.trainable_variables)
@@ -83,7 +77,7 @@ class ResNetTrainer(StrategyTrainer):
           v.assign(b)
         if k < len(stages) - 1:
           return (y,), tf.zeros([], y.dtype)
-        return (), cross_entropy_sum(y, micro["label"], cfg.model.num_classes,
+        return (), tf_top1.cross_entropy_sum(y, micro["label"], cfg.model.num_classes,
                                      cfg.optimizer.label_smoothing)
       return fn
 
@@ -103,11 +97,10 @@ class ResNetTrainer(StrategyTrainer):
 
   def eval_step(self, batch):
     logits = self.model(batch["image"], training=False)
-    correct = tf.cast(tf.argmax(logits, -1, output_type=tf.int32) == batch["label"], tf.float32)
     mask = batch["mask"]
     if self.runtime.spatial > 1:                # a spatial group counts its examples once
       mask = mask * tf.cast(self.runtime.spatial_index() == 0, tf.float32)
-    return tf.stack([tf.reduce_sum(correct * mask), tf.reduce_sum(mask)])
+    return tf_top1.counts(logits, batch["label"], mask)
 
 
 def make_trainer(cfg, ctx):
