@@ -7,6 +7,8 @@ import dataclasses
 import importlib
 from typing import Any, Callable, Protocol
 
+import numpy as np
+
 from harness.config import FRAMEWORKS, apply_overrides, validate_tree
 from harness.errors import UsageError
 
@@ -24,6 +26,54 @@ class RunContext:
   preset: str
   data_dir: str | None = None
   describing: bool = False       # `describe`: a JAX layout larger than the machine is shapes only
+
+
+class InputPipeline(Protocol):
+  """A workload's input_pipeline.py (spec.input_pipeline), the same module for both frameworks:
+  tf.data on the host, batches of numpy-convertible features named as spec.batch_layout."""
+
+  def data_source(self, cfg, ctx: RunContext) -> tuple[str | None, int]:
+    """(the folder the run reads, or None for generated data; train examples in an epoch).
+    Prepares a generated (mini) set on first use."""
+
+  def train_dataset(self, cfg, global_batch_size: int, seed: int, data_dir, process_index=0,
+                    process_count=1):
+    """This host's shuffled, repeated train batches (global_batch_size / process_count)."""
+
+  def eval_dataset(self, cfg, global_batch_size: int, data_dir, process_index=0,
+                   process_count=1):
+    """This host's eval batches (global_batch_size / process_count), padded (feature 'mask':
+    1 for real examples, 0 padding)."""
+
+  def synthetic_batch(self, cfg, batch_size: int, seed: int) -> dict:
+    """One generated batch of the real shapes and dtypes (synthetic runs, describe)."""
+
+
+class Evaluator(Protocol):
+  """The host side of a workload's eval (spec.evaluator(cfg, data_dir)); the device side is the
+  trainer's eval_step. Three phases: each batch's outputs are added (`accumulate`: device
+  arrays, or numpy on the host when `on_host`), then `finalize` turns the sum into
+  {metric name: value, 'count': examples}."""
+  on_host: bool
+
+  def accumulate(self, acc, outputs): ...
+
+  def finalize(self, acc) -> dict: ...
+
+
+class CountEvaluator:
+  """[hits, counted] summed over batches, on the device: top-1 and masked-LM accuracy."""
+  on_host = False
+
+  def __init__(self, metric_name: str):
+    self.metric_name = metric_name
+
+  def accumulate(self, acc, outputs):
+    return outputs if acc is None else acc + outputs
+
+  def finalize(self, acc) -> dict:
+    correct, count = np.asarray(acc, np.float64)
+    return {self.metric_name: float(correct / count), "count": int(round(count))}
 
 
 class Trainer(Protocol):
@@ -85,6 +135,7 @@ class WorkloadSpec:
   metric: Metric
   presets: dict[str, Callable[[], Any]]      # preset -> config tree (dataclasses)
   trainer_modules: dict[str, str]            # framework -> module with make_trainer(cfg, ctx)
+  input_pipeline_module: str                 # its InputPipeline (workloads/<w>/input_pipeline)
   # (cfg, train_examples) -> {key: value or (value, {metadata})}, e.g. MLPerf Transformer's
   # max_sequence_length with metadata {'method': 'discard'}
   mllog_hyperparameters: Callable[[Any, int], dict]
@@ -117,10 +168,22 @@ class WorkloadSpec:
   # (cfg, chips) -> (bytes one chip sends into one all-to-all of the step, what they are), or
   # None: `simulate --workload W --collective all-to-all` (an MoE layer's dispatch)
   all_to_all_bytes: Callable[[Any, int], tuple | None] = lambda cfg, chips: None
+  # (cfg, data_dir) -> the Evaluator of the eval's host side; None: CountEvaluator (the device
+  # eval step returns [hits, counted])
+  make_evaluator: Callable[[Any, Any], Evaluator] | None = None
 
   @property
   def metric_name(self) -> str:
     return self.metric.name
+
+  @property
+  def input_pipeline(self) -> InputPipeline:
+    return importlib.import_module(self.input_pipeline_module)
+
+  def evaluator(self, cfg, data_dir) -> Evaluator:
+    if self.make_evaluator is None:
+      return CountEvaluator(self.metric.name)
+    return self.make_evaluator(cfg, data_dir)
 
   def config(self, preset: str):
     if preset not in self.presets:

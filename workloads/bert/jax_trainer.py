@@ -47,7 +47,7 @@ def eval_step(state, batch):
 
 
 class BertTrainer(MeshTrainer):
-  spec_module, pipeline = spec, input_pipeline
+  spec_module = spec
 
   def __init__(self, cfg, ctx):
     super().__init__(cfg, ctx)

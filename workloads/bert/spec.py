@@ -243,6 +243,7 @@ SPEC = WorkloadSpec(
     metric=Metric("masked_lm_accuracy", "fraction"),
     presets={"mini": mini, "reference": reference, "synthetic": synthetic, "tiny": tiny},
     trainer_modules={"jax": "workloads.bert.jax_trainer", "tf": "workloads.bert.tf_trainer"},
+    input_pipeline_module="workloads.bert.input_pipeline",
     mllog_hyperparameters=mllog_hyperparameters,
     derive=derive,
     mesh_axes=("data", "model"),

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 from flax.training import train_state
 
 from workloads.common import jax_top1
-from workloads.efficientnet import input_pipeline, jax_model, spec
+from workloads.efficientnet import jax_model, spec
 from workloads.optim import jax_optimizers
 from workloads.parallel import jax_runtime
 from workloads.parallel.jax_trainer_base import MeshTrainer
@@ -77,7 +77,7 @@ def eval_step(state, batch):
 
 
 class EfficientNetTrainer(MeshTrainer):
-  spec_module, pipeline = spec, input_pipeline
+  spec_module = spec
 
   def __init__(self, cfg, ctx):
     super().__init__(cfg, ctx)

@@ -296,6 +296,7 @@ SPEC = WorkloadSpec(
              "large_batch": large_batch, "synthetic": synthetic, "tiny": tiny},
     trainer_modules={"jax": "workloads.efficientnet.jax_trainer",
                      "tf": "workloads.efficientnet.tf_trainer"},
+    input_pipeline_module="workloads.efficientnet.input_pipeline",
     mllog_hyperparameters=mllog_hyperparameters,
     derive=derive,
     bn_span=lambda cfg, data_replicas: mesh.bn_span(cfg.parallel, data_replicas,

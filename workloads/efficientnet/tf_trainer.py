@@ -10,7 +10,7 @@ as tf.train.ExponentialMovingAverage(decay, num_updates=step) does), which eval 
 import tensorflow as tf
 
 from workloads.common import tf_top1
-from workloads.efficientnet import input_pipeline, spec, tf_model
+from workloads.efficientnet import spec, tf_model
 from workloads.optim import tf_optimizers
 from workloads.parallel import tf_layers
 from workloads.parallel.tf_trainer_base import StrategyTrainer
@@ -41,7 +41,7 @@ def averaged_weights(model):
 
 
 class EfficientNetTrainer(StrategyTrainer):
-  spec_module, pipeline = spec, input_pipeline
+  spec_module = spec
 
   def __init__(self, cfg, ctx):
     super().__init__(cfg, ctx)

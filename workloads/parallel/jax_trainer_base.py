@@ -13,11 +13,12 @@ ahead, and syncs with the host once, at the end.
 Evaluation runs in three phases (TF Model Garden's validation_step -> aggregate_logs ->
 reduce_aggregated_logs):
   eval_step(state, batch) -> outputs      on device, per batch (compiled once);
-  accumulate(acc, outputs) -> acc         per batch;
+  accumulate(acc, outputs) -> acc         per batch (spec.evaluator: harness.workload.Evaluator);
   finalize(acc) -> {metric: value, 'count': n}.
 By default eval_step returns [correct, counted] summed over the global batch, accumulate adds
-on device (no host sync per batch) and finalize divides. A workload whose metric needs the
-examples themselves (BLEU statistics, detections) sets `eval_on_host = True`: every batch's
+on device (no host sync per batch) and finalize divides (CountEvaluator). A workload whose
+metric needs the examples themselves (BLEU statistics, detections) has an evaluator with
+`on_host = True`: every batch's
 outputs come to the host, gathered from every process (each host sees the whole global batch,
 padding included: accumulate drops the examples whose 'mask' is 0), so every eval example
 counts exactly once.
@@ -46,9 +47,8 @@ LEVEL_0 = {"xla_backend_optimization_level": 0}
 
 
 class MeshTrainer:
-  spec_module = None            # the workload's spec.py (batch_layout, PARAM_AXES, SPEC)
-  pipeline = None               # the workload's input_pipeline.py (see resnet/input_pipeline.py)
-  eval_on_host = False          # True: eval outputs go to the host every batch (see above)
+  spec_module = None            # the workload's spec.py (batch_layout, PARAM_AXES, SPEC); its
+                                # SPEC gives the input pipeline and the eval's host side
 
   # ------------------------------------------------------------------ what a workload supplies
   def init(self):
@@ -64,12 +64,11 @@ class MeshTrainer:
     raise NotImplementedError
 
   def accumulate(self, acc, outputs):
-    """Adds one batch's outputs: device arrays by default, host numpy with eval_on_host."""
-    return outputs if acc is None else acc + outputs
+    """Adds one batch's outputs (spec.evaluator: device arrays, or host numpy when on_host)."""
+    return self.evaluator.accumulate(acc, outputs)
 
   def finalize(self, acc):
-    correct, count = np.asarray(acc, np.float64)
-    return {self.spec_module.SPEC.metric.name: float(correct / count), "count": int(round(count))}
+    return self.evaluator.finalize(acc)
 
   # ------------------------------------------------------------------ shared
   def __init__(self, cfg, ctx):
@@ -96,7 +95,10 @@ class MeshTrainer:
       raise ValueError(f"train.global_batch_size={gbs} is not divisible by the "
                        f"{runtime.shape.batch_shards} devices the batch is split over "
                        "(data x expert)")
+    self.pipeline = spec.input_pipeline           # harness.workload.InputPipeline
     self.data_dir, self.train_examples = self.pipeline.data_source(cfg, ctx)
+    self.evaluator = spec.evaluator(cfg, self.data_dir)   # harness.workload.Evaluator
+    self.eval_on_host = self.evaluator.on_host    # outputs to the host every batch (see above)
     self.eval_examples = cfg.data.eval_examples
     self._train_iter = self._eval_data = None
     self.describing = False       # describe() before init: shapes and the train step only

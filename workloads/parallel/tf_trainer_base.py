@@ -23,7 +23,8 @@ the shards with tf_model_parallel.ShardedWeightsUpdate.
 Evaluation runs in three phases, as in jax_trainer_base.py: `eval_step(batch)` per replica;
 `accumulate(acc, outputs)`; `finalize(acc)`. By default eval_step returns [correct, counted],
 the whole eval split runs in one tf.function summing them over replicas (one host sync), and
-finalize divides. With `eval_on_host = True` every batch's per-replica outputs are gathered
+finalize divides (spec.evaluator: CountEvaluator). With an evaluator `on_host` (BLEU,
+detections) every batch's per-replica outputs are gathered
 (strategy.gather: from every worker, in replica order; a spatial group's duplicates dropped)
 and accumulated on the host; accumulate drops the examples whose 'mask' is 0.
 """
@@ -41,9 +42,8 @@ from workloads.parallel import tf_model_parallel, tf_pipeline, tf_runtime
 
 
 class StrategyTrainer:
-  spec_module = None            # the workload's spec.py (batch_layout, SPEC)
-  pipeline = None               # the workload's input_pipeline.py (see resnet/input_pipeline.py)
-  eval_on_host = False
+  spec_module = None            # the workload's spec.py (batch_layout, SPEC); its SPEC gives
+                                # the input pipeline and the eval's host side
 
   # ------------------------------------------------------------------ what a workload supplies
   def make_model(self, runtime):
@@ -69,11 +69,11 @@ class StrategyTrainer:
     raise NotImplementedError
 
   def accumulate(self, acc, outputs):
-    return outputs if acc is None else acc + outputs
+    """Adds one batch's outputs (spec.evaluator: summed per replica, or host numpy)."""
+    return self.evaluator.accumulate(acc, outputs)
 
   def finalize(self, acc):
-    correct, count = np.asarray(acc, np.float64)
-    return {self.spec_module.SPEC.metric.name: float(correct / count), "count": int(round(count))}
+    return self.evaluator.finalize(acc)
 
   # ------------------------------------------------------------------ shared
   def __init__(self, cfg, ctx):
@@ -101,7 +101,10 @@ class StrategyTrainer:
     self.device_kind = (tf.config.experimental.get_device_details(
         tf.config.list_physical_devices("GPU")[0]).get("device_name", "GPU") if gpus else "cpu")
     self.dtype = "mixed_bfloat16" if cfg.train.precision == "bfloat16" else "float32"
+    self.pipeline = spec.input_pipeline           # harness.workload.InputPipeline
     self.data_dir, self.train_examples = self.pipeline.data_source(cfg, ctx)
+    self.evaluator = spec.evaluator(cfg, self.data_dir)   # harness.workload.Evaluator
+    self.eval_on_host = self.evaluator.on_host
     self.eval_examples = cfg.data.eval_examples
     self.sharded = None
     self._train_iter = self._eval_data = None

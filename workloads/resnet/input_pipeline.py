@@ -1,11 +1,6 @@
 """ResNet's input: the shared ImageNet pipeline (workloads/common/imagenet.py), behind the
-entry points every workload's input_pipeline.py offers the base trainers:
-
-  data_source(cfg, ctx)  -> (data folder, train_samples to log)       (before run_start)
-  train_dataset(cfg, global_batch_size, seed, data_dir, process_index, process_count)
-  eval_dataset(cfg, global_batch_size, data_dir, process_index, process_count)
-  synthetic_batch(cfg, batch_size, seed) -> numpy batch of the real shapes
-"""
+entry points every workload's input_pipeline.py offers the base trainers (the InputPipeline
+protocol of harness/workload.py, reached as spec.SPEC.input_pipeline)."""
 from workloads.common import imagenet
 
 

@@ -18,7 +18,7 @@ from workloads.optim import jax_optimizers, schedules
 from workloads.parallel import jax_pipeline
 from workloads.parallel.jax_runtime import DATA
 from workloads.parallel.jax_trainer_base import MeshTrainer
-from workloads.resnet import input_pipeline, jax_model, spec
+from workloads.resnet import jax_model, spec
 
 
 
@@ -105,7 +105,7 @@ def eval_step(state, batch):
 
 
 class ResNetTrainer(MeshTrainer):
-  spec_module, pipeline = spec, input_pipeline
+  spec_module = spec
 
   def __init__(self, cfg, ctx):
     super().__init__(cfg, ctx)

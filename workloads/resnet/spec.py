@@ -188,6 +188,7 @@ SPEC = WorkloadSpec(
     metric=TOP1,
     presets={"mini": mini, "reference": reference, "synthetic": synthetic, "tiny": tiny},
     trainer_modules={"jax": "workloads.resnet.jax_trainer", "tf": "workloads.resnet.tf_trainer"},
+    input_pipeline_module="workloads.resnet.input_pipeline",
     mllog_hyperparameters=mllog_hyperparameters,
     # Samples per batch-norm statistic: group size x per-replica batch (all replicas: the
     # global batch, which plain jit over a data-sharded batch computes).

@@ -12,11 +12,11 @@ from workloads.common import tf_top1
 from workloads.optim import schedules, tf_optimizers
 from workloads.parallel import tf_pipeline
 from workloads.parallel.tf_trainer_base import StrategyTrainer
-from workloads.resnet import input_pipeline, spec, tf_model
+from workloads.resnet import spec, tf_model
 
 
 class ResNetTrainer(StrategyTrainer):
-  spec_module, pipeline = spec, input_pipeline
+  spec_module = spec
 
   def __init__(self, cfg, ctx):
     super().__init__(cfg, ctx)

@@ -37,15 +37,21 @@ def finalize(acc, ground_truth, metric_name):
   return {metric_name: float(result["box_map"]), "count": int(result["images"])}
 
 
-class CocoEval:
-  """The trainers' accumulate / finalize (a mixin before MeshTrainer or StrategyTrainer); the
-  ground truth is read at the first finalize, after run_start, and kept."""
-  _ground_truth = None
+class CocoEvaluator:
+  """SSD's Evaluator (harness.workload): every batch's candidates on the host, NMS and the COCO
+  accumulator, COCOeval at finalize; the ground truth is read at the first finalize (after
+  run_start) and kept."""
+  on_host = True
+
+  def __init__(self, cfg, data_dir, metric_name):
+    self.cfg, self.data_dir, self.metric_name = cfg, data_dir, metric_name
+    self._ground_truth = None
 
   def accumulate(self, acc, outputs):
     return accumulate(acc, outputs, self.cfg)
 
   def finalize(self, acc):
     if self._ground_truth is None:
-      self._ground_truth = self.pipeline.eval_ground_truth(self.cfg, self.data_dir)
-    return finalize(acc, self._ground_truth, self.spec_module.SPEC.metric.name)
+      from workloads.ssd import input_pipeline      # tf.data: loaded with the framework
+      self._ground_truth = input_pipeline.eval_ground_truth(self.cfg, self.data_dir)
+    return finalize(acc, self._ground_truth, self.metric_name)

@@ -15,7 +15,7 @@ from flax.training import train_state
 
 from workloads.optim import jax_optimizers
 from workloads.parallel.jax_trainer_base import MeshTrainer
-from workloads.ssd import boxes, checkpoint, host_eval, input_pipeline, jax_model, spec
+from workloads.ssd import boxes, checkpoint, host_eval, jax_model, spec
 
 
 class TrainState(train_state.TrainState):
@@ -86,9 +86,8 @@ def candidates(locs, logits, dboxes, k):
   return picked, scores
 
 
-class SsdTrainer(host_eval.CocoEval, MeshTrainer):
-  spec_module, pipeline = spec, input_pipeline
-  eval_on_host = True
+class SsdTrainer(MeshTrainer):
+  spec_module = spec
 
   def __init__(self, cfg, ctx):
     super().__init__(cfg, ctx)

@@ -282,6 +282,11 @@ def missing_data(cfg, data_dir) -> list[str]:
   return missing
 
 
+def _coco_evaluator(cfg, data_dir):
+  from workloads.ssd import host_eval          # pycocotools: loaded when a trainer evaluates
+  return host_eval.CocoEvaluator(cfg, data_dir, BOX_MAP.name)
+
+
 SPEC = WorkloadSpec(
     name="ssd",
     mlperf_benchmark="ssd",
@@ -289,6 +294,8 @@ SPEC = WorkloadSpec(
     metric=BOX_MAP,
     presets={"mini": mini, "reference": reference, "synthetic": synthetic, "tiny": tiny},
     trainer_modules={"jax": "workloads.ssd.jax_trainer", "tf": "workloads.ssd.tf_trainer"},
+    input_pipeline_module="workloads.ssd.input_pipeline",
+    make_evaluator=_coco_evaluator,
     mllog_hyperparameters=mllog_hyperparameters,
     derive=derive,
     bn_span=lambda cfg, data_replicas: mesh.bn_span(cfg.parallel, data_replicas,

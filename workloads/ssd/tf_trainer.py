@@ -6,7 +6,7 @@ import tensorflow as tf
 
 from workloads.optim import tf_optimizers
 from workloads.parallel.tf_trainer_base import StrategyTrainer
-from workloads.ssd import boxes, checkpoint, host_eval, input_pipeline, spec, tf_model
+from workloads.ssd import boxes, checkpoint, host_eval, spec, tf_model
 
 
 def smooth_l1(x):
@@ -53,9 +53,8 @@ def candidates(locs, logits, dboxes, k):
   return picked, scores
 
 
-class SsdTrainer(host_eval.CocoEval, StrategyTrainer):
-  spec_module, pipeline = spec, input_pipeline
-  eval_on_host = True
+class SsdTrainer(StrategyTrainer):
+  spec_module = spec
 
   def __init__(self, cfg, ctx):
     super().__init__(cfg, ctx)

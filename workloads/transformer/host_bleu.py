@@ -23,3 +23,22 @@ def accumulate(acc, outputs, encoder, references):
 def finalize(acc, metric_name):
   stats, count = acc
   return {metric_name: bleu.bleu_from_stats(stats), "count": count}
+
+
+class BleuEvaluator:
+  """The Transformer's Evaluator (harness.workload): each batch's translations decoded on the
+  host and scored against their references (read at the first batch, after run_start)."""
+  on_host = True
+
+  def __init__(self, cfg, data_dir, metric_name):
+    self.cfg, self.data_dir, self.metric_name = cfg, data_dir, metric_name
+    self._eval_text = None
+
+  def accumulate(self, acc, outputs):
+    if self._eval_text is None:
+      from workloads.transformer import input_pipeline   # tf.data: loaded with the framework
+      self._eval_text = input_pipeline.eval_text(self.cfg, self.data_dir)
+    return accumulate(acc, outputs, *self._eval_text)
+
+  def finalize(self, acc):
+    return finalize(acc, self.metric_name)

@@ -4,7 +4,8 @@ The train step is the reference's: label-smoothed cross entropy over non-padding
 (summed, divided by their count over the global batch), TF-style Adam on the rsqrt schedule.
 The eval step translates a batch with beam search (compiled once, inside the eval step) and
 returns the best beam's tokens; the host turns them into text and BLEU statistics
-(`eval_on_host`: the base gathers every process's outputs, padding dropped by 'mask'), summed
+(host_bleu.BleuEvaluator, on the host: the base gathers every process's outputs, padding
+dropped by 'mask'), summed
 over the eval set and scored at the end, since BLEU is a corpus-level score.
 """
 import functools
@@ -18,7 +19,7 @@ from workloads.optim import jax_optimizers
 from workloads.parallel import jax_layers, jax_moe, jax_pipeline
 from workloads.parallel.jax_runtime import DATA
 from workloads.parallel.jax_trainer_base import MeshTrainer
-from workloads.transformer import host_bleu, input_pipeline, jax_beam_search, jax_model, spec
+from workloads.transformer import jax_beam_search, jax_model, spec
 
 START_ID = 0                       # the decoder's first input, as the reference's
 
@@ -127,15 +128,13 @@ def translate(model, params, inputs, model_cfg):
 
 
 class TransformerTrainer(MeshTrainer):
-  spec_module, pipeline = spec, input_pipeline
-  eval_on_host = True
+  spec_module = spec
 
   def __init__(self, cfg, ctx):
     super().__init__(cfg, ctx)
     self.model = jax_model.from_config(cfg.model, self.dtype)
     self.schedule = spec.schedule_for(cfg)
     self.tx = jax_optimizers.make_adam(cfg.optimizer, self.schedule)
-    self._eval_text = None
 
   def init_params(self, rng):
     ids = jnp.zeros((1, self.cfg.data.max_length), jnp.int32)
@@ -185,15 +184,6 @@ class TransformerTrainer(MeshTrainer):
   def eval_step(self, state, batch):
     tokens = translate(self.model, state.params, batch["inputs"], self.cfg.model)
     return {"tokens": tokens, "index": batch["index"], "mask": batch["mask"]}
-
-  # ------------------------------------------------------------------ host-side BLEU
-  def accumulate(self, acc, outputs):
-    if self._eval_text is None:
-      self._eval_text = input_pipeline.eval_text(self.cfg, self.data_dir)
-    return host_bleu.accumulate(acc, outputs, *self._eval_text)
-
-  def finalize(self, acc):
-    return host_bleu.finalize(acc, spec.SPEC.metric.name)
 
 
 def make_trainer(cfg, ctx):

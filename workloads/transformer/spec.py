@@ -374,6 +374,11 @@ def missing_data(cfg, data_dir) -> list[str]:
                     if not os.path.exists(os.path.join(data_dir, f))]
 
 
+def _bleu_evaluator(cfg, data_dir):
+  from workloads.transformer import host_bleu
+  return host_bleu.BleuEvaluator(cfg, data_dir, BLEU.name)
+
+
 SPEC = WorkloadSpec(
     name="transformer",
     mlperf_benchmark="transformer",
@@ -383,6 +388,8 @@ SPEC = WorkloadSpec(
              "synthetic": synthetic, "tiny": tiny},
     trainer_modules={"jax": "workloads.transformer.jax_trainer",
                      "tf": "workloads.transformer.tf_trainer"},
+    input_pipeline_module="workloads.transformer.input_pipeline",
+    make_evaluator=_bleu_evaluator,
     mllog_hyperparameters=mllog_hyperparameters,
     derive=derive,
     mesh_axes=("data", "model", "stage", "expert"),

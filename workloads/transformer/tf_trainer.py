@@ -16,8 +16,7 @@ from workloads.optim import tf_optimizers
 from workloads.parallel import tf_model_parallel as mp
 from workloads.parallel import tf_layers, tf_moe, tf_pipeline
 from workloads.parallel.tf_trainer_base import StrategyTrainer
-from workloads.transformer import formulas, host_bleu, input_pipeline, spec, tf_beam_search, \
-    tf_model
+from workloads.transformer import formulas, spec, tf_beam_search, tf_model
 
 START_ID = 0
 
@@ -84,13 +83,11 @@ def translate(model, inputs, model_cfg):
 
 
 class TransformerTrainer(StrategyTrainer):
-  spec_module, pipeline = spec, input_pipeline
-  eval_on_host = True
+  spec_module = spec
 
   def __init__(self, cfg, ctx):
     super().__init__(cfg, ctx)
     self.schedule = spec.schedule_for(cfg)
-    self._eval_text = None
 
   def make_model(self, runtime):
     """`runtime`: its model axis makes the layers Megatron's (tf_model_parallel)."""
@@ -174,14 +171,6 @@ class TransformerTrainer(StrategyTrainer):
     with mp.gathered_weights(self.model.runtime):   # no collective inside the decode loop
       tokens = translate(self.model, batch["inputs"], self.cfg.model)
     return {"tokens": tokens, "index": batch["index"], "mask": batch["mask"]}
-
-  def accumulate(self, acc, outputs):
-    if self._eval_text is None:
-      self._eval_text = input_pipeline.eval_text(self.cfg, self.data_dir)
-    return host_bleu.accumulate(acc, outputs, *self._eval_text)
-
-  def finalize(self, acc):
-    return host_bleu.finalize(acc, spec.SPEC.metric.name)
 
 
 def make_trainer(cfg, ctx):

@@ -1,0 +1,44 @@
+"""The input-pipeline and evaluator protocols (harness/workload.py) are what every workload
+supplies, reached through its spec: each input_pipeline module has the protocol's functions
+with its parameters, each spec's evaluator has its three parts, and the default one counts."""
+import inspect
+
+import numpy as np
+import pytest
+
+from harness import registry
+from harness.workload import CountEvaluator, Evaluator, InputPipeline
+
+PIPELINE_FUNCTIONS = ("data_source", "train_dataset", "eval_dataset", "synthetic_batch")
+
+
+def _parameters(fn, drop_self=False):
+  names = list(inspect.signature(fn).parameters)
+  return names[1:] if drop_self else names
+
+
+@pytest.mark.parametrize("name", registry.names())
+def test_every_input_pipeline_has_the_protocol_s_functions(name):
+  module = registry.get(name).input_pipeline
+  for fn in PIPELINE_FUNCTIONS:
+    want = _parameters(getattr(InputPipeline, fn), drop_self=True)
+    got = _parameters(getattr(module, fn))
+    assert got[:len(want)] == want, (name, fn, got)
+
+
+@pytest.mark.parametrize("name", registry.names())
+def test_every_spec_s_evaluator_has_the_three_parts(name):
+  spec = registry.get(name)
+  evaluator = spec.evaluator(spec.configure("tiny"), None)
+  assert isinstance(evaluator.on_host, bool)
+  for part in ("accumulate", "finalize"):
+    assert _parameters(getattr(evaluator, part)) == _parameters(getattr(Evaluator, part), True)
+  assert evaluator.on_host == (name in ("ssd", "transformer"))
+
+
+def test_the_count_evaluator_sums_then_divides():
+  evaluator = CountEvaluator("top1_accuracy")
+  acc = None
+  for batch in ([3, 4], [5, 4], [0, 2]):
+    acc = evaluator.accumulate(acc, np.array(batch, np.float32))
+  assert evaluator.finalize(acc) == {"top1_accuracy": 8 / 10, "count": 10}
