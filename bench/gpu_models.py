@@ -26,7 +26,8 @@ one line and is left out of the table; the exit status is then 1.
 
 It runs outside the harness (no driver, trainer or input pipeline) because the GPU image has
 JAX, flax, optax and numpy but no TensorFlow, which the trainers and input pipelines import; it
-imports only workloads.<w>.jax_model and workloads.<w>.spec, which do not.
+imports only TensorFlow-free modules: workloads.<w>.jax_model (model and loss), .spec, and
+workloads.common.jax_top1 and transformer.mini_corpus (the synthetic packed rows).
 
   python bench/gpu_models.py [--workloads resnet50,bert,transformer,ssd,efficientnet]
       [--steps 20] [--batch resnet50=256,bert=32] [--dtype bfloat16|float32]
@@ -98,42 +99,6 @@ def memory_gb(compiled):
 
 # ----------------------------------------------------------------------------- losses
 
-def softmax_cross_entropy(logits, labels, num_classes, label_smoothing):
-  """resnet/efficientnet jax_trainer.cross_entropy: label-smoothed softmax cross entropy."""
-  targets = optax.smooth_labels(jax.nn.one_hot(labels, num_classes, dtype=logits.dtype),
-                                label_smoothing)
-  return optax.softmax_cross_entropy(logits, targets).mean()
-
-
-# ssd_loss and hardest are copies of workloads/ssd/jax_trainer.py's (pure JAX), which cannot be
-# imported here: jax_trainer.py imports the trainer base, which imports TensorFlow.
-def _smooth_l1(x):
-  ax = jnp.abs(x)
-  return jnp.where(ax < 1.0, 0.5 * x * x, ax - 0.5)
-
-
-def _hardest(values, k):
-  last = jnp.clip(k - 1, 0, values.shape[1] - 1)[:, None]
-  kth = jnp.take_along_axis(-jnp.sort(-values, axis=1), last, axis=1)
-  above, tie = values > kth, values == kth
-  room = k[:, None] - above.sum(1, keepdims=True)
-  return above | (tie & (jnp.cumsum(tie, axis=1) <= room))
-
-
-def ssd_loss(locs, logits, gt_offsets, gt_labels, neg_ratio=3):
-  """Smooth-L1 on positives + cross entropy on positives and the 3x hardest negatives, per
-  image over its positives, batch mean (the MLPerf reference's)."""
-  positive = gt_labels > 0
-  num_pos = positive.sum(1)
-  loc_loss = (_smooth_l1(locs - gt_offsets).sum(-1) * positive).sum(1)
-  con = optax.softmax_cross_entropy_with_integer_labels(logits, gt_labels)
-  con_neg = jax.lax.stop_gradient(jnp.where(positive, 0.0, con))
-  negative = _hardest(con_neg, jnp.minimum(neg_ratio * num_pos, con.shape[1]))
-  con_loss = (con * (positive | negative)).sum(1)
-  per_image = (loc_loss + con_loss) * (num_pos > 0) / jnp.maximum(num_pos, 1e-6)
-  return per_image.mean()
-
-
 # ----------------------------------------------------------------------------- workloads
 # Each builder -> a dict:
 #   init(key) -> variables ({'params': ..., 'batch_stats': ...} for batch-norm models)
@@ -146,19 +111,17 @@ def _images(rng, batch, size):
   return rng.standard_normal((batch, size, size, 3), dtype=np.float32)
 
 
-def build_resnet50(batch, dtype, rng):
-  from workloads.resnet import jax_model, spec
-  cfg = spec.SPEC.configure("reference", [])
+def _classifier(spec, cfg, model, batch, rng, shapes, dropout):
+  """An image classifier's builder dict: top-1's label-smoothed cross entropy, SGD."""
+  from workloads.common import jax_top1
   m, size = cfg.model, cfg.data.image_size
-  model = jax_model.ResNet(stage_sizes=m.stage_sizes, width=m.width,
-                           num_classes=m.num_classes, dtype=dtype)
   smoothing = cfg.optimizer.label_smoothing
 
   def loss(params, batch_stats, b, key):
-    del key
+    rngs = {"dropout": key} if dropout else {}
     logits, updates = model.apply({"params": params, "batch_stats": batch_stats}, b["image"],
-                                  train=True, mutable=["batch_stats"])
-    return (softmax_cross_entropy(logits, b["label"], m.num_classes, smoothing),
+                                  train=True, mutable=["batch_stats"], rngs=rngs)
+    return (jax_top1.cross_entropy(logits, b["label"], m.num_classes, smoothing),
             updates["batch_stats"])
 
   data = {"image": _images(rng, batch, size),
@@ -166,7 +129,16 @@ def build_resnet50(batch, dtype, rng):
   return dict(spec=spec, cfg=cfg,
               init=lambda key: model.init(key, jnp.zeros((1, size, size, 3)), train=False),
               loss=loss, batch=data, tx=optax.sgd(1e-3, momentum=0.9),
-              shapes=f"image {batch}x{size}x{size}x3 f32, label {batch} i32")
+              shapes=f"{shapes}image {batch}x{size}x{size}x3 f32, label {batch} i32")
+
+
+def build_resnet50(batch, dtype, rng):
+  from workloads.resnet import jax_model, spec
+  cfg = spec.SPEC.configure("reference", [])
+  m = cfg.model
+  model = jax_model.ResNet(stage_sizes=m.stage_sizes, width=m.width,
+                           num_classes=m.num_classes, dtype=dtype)
+  return _classifier(spec, cfg, model, batch, rng, "", dropout=False)
 
 
 def build_bert(batch, dtype, rng):
@@ -200,29 +172,8 @@ def build_bert(batch, dtype, rng):
               shapes=f"7 features: ids/mask/segments {batch}x{seq} i32, {preds} masked-LM slots")
 
 
-def _packed_rows(rng, vocab_size, batch, length, eos_id):
-  """transformer input_pipeline._synthetic_packed: rows of EOS-ended examples of 2..length/4
-  tokens, source and target sharing the split."""
-  segments, positions = (np.zeros((batch, length), np.int32) for _ in range(2))
-  for row in range(batch):
-    start, segment = 0, 1
-    while start < length - 1:
-      size = min(int(rng.integers(2, max(3, length // 4 + 1))), length - start)
-      segments[row, start:start + size] = segment
-      positions[row, start:start + size] = np.arange(size)
-      start, segment = start + size, segment + 1
-  last = (segments > 0) & (np.roll(segments, -1, axis=1) != segments)
-  out = {}
-  for name in ("inputs", "targets"):
-    ids = rng.integers(2, vocab_size, (batch, length)).astype(np.int32)
-    ids = np.where(last, eos_id, np.where(segments > 0, ids, 0)).astype(np.int32)
-    out.update({name: ids, f"{name}_segmentation": segments.copy(),
-                f"{name}_position": positions.copy()})
-  return out
-
-
 def build_transformer(batch, dtype, rng):
-  from workloads.transformer import jax_model, spec
+  from workloads.transformer import jax_model, mini_corpus, spec
   cfg = spec.SPEC.configure("reference", [])
   model = jax_model.from_config(cfg.model, dtype)
   length, smoothing = cfg.data.max_length, cfg.optimizer.label_smoothing
@@ -239,7 +190,7 @@ def build_transformer(batch, dtype, rng):
     return total / jnp.maximum(count, 1.0), None
 
   if cfg.data.packing:
-    data = _packed_rows(rng, cfg.model.vocab_size, batch, length, jax_model.EOS_ID)
+    data = mini_corpus.synthetic_packed(rng, cfg.model.vocab_size, batch, length)
   else:
     ids = lambda: rng.integers(2, cfg.model.vocab_size, (batch, length)).astype(np.int32)
     data = {"inputs": ids(), "targets": ids()}
@@ -260,7 +211,7 @@ def build_ssd(batch, dtype, rng):
     del key
     (locs, logits), updates = model.apply({"params": params, "batch_stats": batch_stats},
                                           b["image"], train=True, mutable=["batch_stats"])
-    return ssd_loss(locs, logits, b["boxes"], b["labels"]), updates["batch_stats"]
+    return jax_model.ssd_loss(locs, logits, b["boxes"], b["labels"]), updates["batch_stats"]
 
   # ssd input_pipeline.synthetic_batch: ~1% positive anchors with random classes
   positive = rng.random((batch, anchors)) < 0.01
@@ -278,21 +229,7 @@ def build_efficientnet(batch, dtype, rng):
   from workloads.efficientnet import jax_model, spec
   cfg = spec.SPEC.configure("reference", [])
   model = jax_model.from_config(cfg.model, dtype=dtype)
-  m, size = cfg.model, cfg.data.image_size
-  smoothing = cfg.optimizer.label_smoothing
-
-  def loss(params, batch_stats, b, key):
-    logits, updates = model.apply({"params": params, "batch_stats": batch_stats}, b["image"],
-                                  train=True, mutable=["batch_stats"], rngs={"dropout": key})
-    return (softmax_cross_entropy(logits, b["label"], m.num_classes, smoothing),
-            updates["batch_stats"])
-
-  data = {"image": _images(rng, batch, size),
-          "label": rng.integers(0, m.num_classes, (batch,)).astype(np.int32)}
-  return dict(spec=spec, cfg=cfg,
-              init=lambda key: model.init(key, jnp.zeros((1, size, size, 3)), train=False),
-              loss=loss, batch=data, tx=optax.sgd(1e-3, momentum=0.9),
-              shapes=f"{m.variant}: image {batch}x{size}x{size}x3 f32, label {batch} i32")
+  return _classifier(spec, cfg, model, batch, rng, f"{cfg.model.variant}: ", dropout=True)
 
 
 BUILDERS = {"resnet50": build_resnet50, "bert": build_bert, "transformer": build_transformer,

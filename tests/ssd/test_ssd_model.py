@@ -75,7 +75,7 @@ def test_hardest_negatives_are_the_first_k_of_a_stable_descending_sort():
     want = np.zeros(values.shape, bool)
     for row, (v, n) in enumerate(zip(values, ks)):
       want[row, np.argsort(-v, kind="stable")[:n]] = True
-    np.testing.assert_array_equal(np.asarray(jax_trainer.hardest(jnp.asarray(values), ks)),
+    np.testing.assert_array_equal(np.asarray(jax_model.hardest(jnp.asarray(values), ks)),
                                   want, err_msg=f"jax k={k}")
     np.testing.assert_array_equal(tf_trainer.hardest(tf.constant(values), tf.constant(ks)),
                                   want, err_msg=f"tf k={k}")
@@ -133,7 +133,7 @@ def test_outputs_and_loss_agree(models):
         assert rel_err(a, b) < TOL
     locs, logits = out
     want = numpy_loss(np.asarray(locs), np.asarray(logits), batch["boxes"], batch["labels"])
-    jax_loss = jax_trainer.ssd_loss(locs, logits, batch["boxes"], batch["labels"])
+    jax_loss = jax_model.ssd_loss(locs, logits, batch["boxes"], batch["labels"])
     tf_loss = tf_trainer.ssd_loss_sum(*tf_out, batch["boxes"], batch["labels"]) / 4
     assert abs(float(jax_loss) - want) < TOL * want and abs(float(tf_loss) - want) < TOL * want
 

@@ -17,6 +17,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 
 from workloads.ssd import spec
 
@@ -113,3 +114,37 @@ def _by_anchor(x, per_anchor, k):
 def from_config(cfg, dtype=jnp.float32, bn_axis_name=None):
   return SSD(cfg.model, tuple(s for s, _ in spec.feature_maps(cfg)), dtype=dtype,
              bn_axis_name=bn_axis_name)
+
+
+# ----------------------------------------------------------------------------- the loss
+
+def smooth_l1(x):
+  ax = jnp.abs(x)
+  return jnp.where(ax < 1.0, 0.5 * x * x, ax - 0.5)
+
+
+def hardest(values, k):
+  """(N, A) bool: each row's k largest values, ties to the lower index: the anchors whose
+  rank in a stable descending sort is below k (the reference's sort, then its first k). One
+  sort of the values and a count, instead of ranking by two argsorts (SSD mini train step
+  ~5 ms less of ~200 on 2 CPU cores)."""
+  last = jnp.clip(k - 1, 0, values.shape[1] - 1)[:, None]
+  kth = jnp.take_along_axis(-jnp.sort(-values, axis=1), last, axis=1)       # the k-th largest
+  above, tie = values > kth, values == kth
+  room = k[:, None] - above.sum(1, keepdims=True)          # how many of the ties fit in k
+  return above | (tie & (jnp.cumsum(tie, axis=1) <= room))
+
+
+def ssd_loss(locs, logits, gt_offsets, gt_labels, neg_ratio=3):
+  """Per image: (sum of smooth-L1 over positives + cross entropy over positives and the
+  neg_ratio x positives hardest negatives) / positives; images without positives count 0; the
+  batch mean. Negatives rank by their loss, descending, ties by anchor index (stable sort)."""
+  positive = gt_labels > 0
+  num_pos = positive.sum(1)
+  loc_loss = (smooth_l1(locs - gt_offsets).sum(-1) * positive).sum(1)
+  con = optax.softmax_cross_entropy_with_integer_labels(logits, gt_labels)
+  con_neg = jax.lax.stop_gradient(jnp.where(positive, 0.0, con))
+  negative = hardest(con_neg, jnp.minimum(neg_ratio * num_pos, con.shape[1]))
+  con_loss = (con * (positive | negative)).sum(1)
+  per_image = (loc_loss + con_loss) * (num_pos > 0) / jnp.maximum(num_pos, 1e-6)
+  return per_image.mean()

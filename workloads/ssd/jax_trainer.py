@@ -10,7 +10,6 @@ import functools
 
 import jax
 import jax.numpy as jnp
-import optax
 from flax.training import train_state
 
 from workloads.optim import jax_optimizers
@@ -22,43 +21,11 @@ class TrainState(train_state.TrainState):
   batch_stats: dict
 
 
-def smooth_l1(x):
-  ax = jnp.abs(x)
-  return jnp.where(ax < 1.0, 0.5 * x * x, ax - 0.5)
-
-
-def hardest(values, k):
-  """(N, A) bool: each row's k largest values, ties to the lower index: the anchors whose
-  rank in a stable descending sort is below k (the reference's sort, then its first k). One
-  sort of the values and a count, instead of ranking by two argsorts (SSD mini train step
-  ~5 ms less of ~200 on 2 CPU cores)."""
-  last = jnp.clip(k - 1, 0, values.shape[1] - 1)[:, None]
-  kth = jnp.take_along_axis(-jnp.sort(-values, axis=1), last, axis=1)       # the k-th largest
-  above, tie = values > kth, values == kth
-  room = k[:, None] - above.sum(1, keepdims=True)          # how many of the ties fit in k
-  return above | (tie & (jnp.cumsum(tie, axis=1) <= room))
-
-
-def ssd_loss(locs, logits, gt_offsets, gt_labels, neg_ratio=3):
-  """Per image: (sum of smooth-L1 over positives + cross entropy over positives and the
-  neg_ratio x positives hardest negatives) / positives; images without positives count 0; the
-  batch mean. Negatives rank by their loss, descending, ties by anchor index (stable sort)."""
-  positive = gt_labels > 0
-  num_pos = positive.sum(1)
-  loc_loss = (smooth_l1(locs - gt_offsets).sum(-1) * positive).sum(1)
-  con = optax.softmax_cross_entropy_with_integer_labels(logits, gt_labels)
-  con_neg = jax.lax.stop_gradient(jnp.where(positive, 0.0, con))
-  negative = hardest(con_neg, jnp.minimum(neg_ratio * num_pos, con.shape[1]))
-  con_loss = (con * (positive | negative)).sum(1)
-  per_image = (loc_loss + con_loss) * (num_pos > 0) / jnp.maximum(num_pos, 1e-6)
-  return per_image.mean()
-
-
 def loss_and_grads(apply_fn, params, batch_stats, batch):
   def loss_fn(p):
     (locs, logits), updates = apply_fn({"params": p, "batch_stats": batch_stats},
                                        batch["image"], train=True, mutable=["batch_stats"])
-    return ssd_loss(locs, logits, batch["boxes"], batch["labels"]), updates
+    return jax_model.ssd_loss(locs, logits, batch["boxes"], batch["labels"]), updates
   (loss, updates), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
   return loss, grads, updates["batch_stats"]
 

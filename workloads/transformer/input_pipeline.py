@@ -232,29 +232,10 @@ def synthetic_batch(cfg, batch_size, seed):
   length = cfg.data.max_length
   positions = np.arange(length)[None]
   if cfg.data.packing:
-    return _synthetic_packed(rng, cfg.model.vocab_size, batch_size, length)
+    return mini_corpus.synthetic_packed(rng, cfg.model.vocab_size, batch_size, length)
   def rows():
     ids = rng.integers(2, cfg.model.vocab_size, (batch_size, length)).astype(np.int32)
     ends = rng.integers(length // 2, length, batch_size)
     ids = np.where(positions == ends[:, None], subwords.EOS_ID, ids)
     return np.where(positions > ends[:, None], 0, ids).astype(np.int32)
   return {"inputs": rows(), "targets": rows()}
-
-
-def _synthetic_packed(rng, vocab_size, batch_size, length):
-  """Rows of EOS-ended examples of 2..length/4 tokens; source and target share the split."""
-  segments, positions = (np.zeros((batch_size, length), np.int32) for _ in range(2))
-  for row in range(batch_size):
-    start, segment = 0, 1
-    while start < length - 1:
-      size = min(int(rng.integers(2, max(3, length // 4 + 1))), length - start)
-      segments[row, start:start + size] = segment
-      positions[row, start:start + size] = np.arange(size)
-      start, segment = start + size, segment + 1
-  last = (segments > 0) & (np.roll(segments, -1, axis=1) != segments)
-  batch = {}
-  for name in ("inputs", "targets"):
-    ids = rng.integers(2, vocab_size, (batch_size, length)).astype(np.int32)
-    ids = np.where(last, subwords.EOS_ID, np.where(segments > 0, ids, 0)).astype(np.int32)
-    batch.update({name: ids, f"{name}_segmentation": segments, f"{name}_position": positions})
-  return batch

@@ -76,3 +76,23 @@ def pairs(seed: int, words_per_class: int, count: int, stream: int) -> list[tupl
   lex = lexicon(seed, words_per_class)
   rng = np.random.default_rng([seed, stream])
   return [sentence_pair(rng, lex) for _ in range(count)]
+
+
+def synthetic_packed(rng, vocab_size, batch_size, length):
+  """Synthetic packed rows (the synthetic preset's batches, numpy): EOS-ended examples of
+  2..length/4 tokens; source and target share the split."""
+  segments, positions = (np.zeros((batch_size, length), np.int32) for _ in range(2))
+  for row in range(batch_size):
+    start, segment = 0, 1
+    while start < length - 1:
+      size = min(int(rng.integers(2, max(3, length // 4 + 1))), length - start)
+      segments[row, start:start + size] = segment
+      positions[row, start:start + size] = np.arange(size)
+      start, segment = start + size, segment + 1
+  last = (segments > 0) & (np.roll(segments, -1, axis=1) != segments)
+  batch = {}
+  for name in ("inputs", "targets"):
+    ids = rng.integers(2, vocab_size, (batch_size, length)).astype(np.int32)
+    ids = np.where(last, subwords.EOS_ID, np.where(segments > 0, ids, 0)).astype(np.int32)
+    batch.update({name: ids, f"{name}_segmentation": segments, f"{name}_position": positions})
+  return batch
