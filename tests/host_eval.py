@@ -1,7 +1,7 @@
-"""ResNet trainers whose eval goes through the host (eval_on_host), as BLEU and COCO mAP will:
-per-example outputs come to the host every batch, gathered from every replica and process;
-accumulate keeps the real examples (mask 1) and finalize divides. Tests compare them with the
-default on-device counts: the same accuracy, every eval example counted exactly once."""
+"""ResNet trainers whose eval goes through the host (an Evaluator with on_host, as BLEU and
+COCO mAP have): per-example outputs come to the host every batch, gathered from every replica
+and process; accumulate keeps the real examples (mask 1) and finalize divides. Tests compare
+them with the default on-device counts: the same accuracy, every eval example counted once."""
 
 
 
@@ -17,21 +17,27 @@ def _finalize(acc):
           "rows_seen": acc["seen"]}
 
 
+class HostTop1:
+  """harness.workload.Evaluator on the host: top-1 from per-example outputs."""
+  on_host = True
+  accumulate = staticmethod(_accumulate)
+  finalize = staticmethod(_finalize)
+
+
 def jax_trainer_class():
   import jax.numpy as jnp
   from workloads.resnet import jax_trainer
 
   class HostEvalResNet(jax_trainer.ResNetTrainer):
-    eval_on_host = True
+    def __init__(self, cfg, ctx):
+      super().__init__(cfg, ctx)
+      self.evaluator = HostTop1()
 
     def eval_step(self, state, batch):
       logits = state.apply_fn({"params": state.params, "batch_stats": state.batch_stats},
                               batch["image"], train=False)
       return {"correct": (jnp.argmax(logits, -1) == batch["label"]).astype(jnp.float32),
               "mask": batch["mask"]}
-
-    accumulate = staticmethod(_accumulate)
-    finalize = staticmethod(_finalize)
   return HostEvalResNet
 
 
@@ -40,15 +46,14 @@ def tf_trainer_class():
   from workloads.resnet import tf_trainer
 
   class HostEvalResNet(tf_trainer.ResNetTrainer):
-    eval_on_host = True
+    def __init__(self, cfg, ctx):
+      super().__init__(cfg, ctx)
+      self.evaluator = HostTop1()
 
     def eval_step(self, batch):
       logits = self.model(batch["image"], training=False)
       correct = tf.argmax(logits, -1, output_type=tf.int32) == batch["label"]
       return {"correct": tf.cast(correct, tf.float32), "mask": batch["mask"]}
-
-    accumulate = staticmethod(_accumulate)
-    finalize = staticmethod(_finalize)
   return HostEvalResNet
 
 

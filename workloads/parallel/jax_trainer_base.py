@@ -98,10 +98,14 @@ class MeshTrainer:
     self.pipeline = spec.input_pipeline           # harness.workload.InputPipeline
     self.data_dir, self.train_examples = self.pipeline.data_source(cfg, ctx)
     self.evaluator = spec.evaluator(cfg, self.data_dir)   # harness.workload.Evaluator
-    self.eval_on_host = self.evaluator.on_host    # outputs to the host every batch (see above)
     self.eval_examples = cfg.data.eval_examples
     self._train_iter = self._eval_data = None
     self.describing = False       # describe() before init: shapes and the train step only
+
+  @property
+  def eval_on_host(self):
+    """Whether eval outputs come to the host every batch (the evaluator's; see above)."""
+    return self.evaluator.on_host
 
   def eval_batch_size(self):
     """cfg.data.eval_batch_size rounded up to a multiple of the batch's shards (data x expert)

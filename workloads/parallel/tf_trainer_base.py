@@ -104,10 +104,14 @@ class StrategyTrainer:
     self.pipeline = spec.input_pipeline           # harness.workload.InputPipeline
     self.data_dir, self.train_examples = self.pipeline.data_source(cfg, ctx)
     self.evaluator = spec.evaluator(cfg, self.data_dir)   # harness.workload.Evaluator
-    self.eval_on_host = self.evaluator.on_host
     self.eval_examples = cfg.data.eval_examples
     self.sharded = None
     self._train_iter = self._eval_data = None
+
+  @property
+  def eval_on_host(self):
+    """Whether eval outputs are gathered to the host every batch (the evaluator's)."""
+    return self.evaluator.on_host
 
   # ------------------------------------------------------------------ data
   def batch_spec(self, batch_size, with_mask=False):
