@@ -89,20 +89,33 @@ def test_the_ideal_model_misses_what_the_fitted_one_reaches():
 
 @pytest.mark.slow
 def test_the_presets_carry_the_fit():
-  """`python -m harness.commsim.calibrate --fit` on the table reproduces the figures the
-  presets carry (so they are the fit, not tuned by hand), to the digits machine.py keeps."""
+  """`python -m harness.commsim.calibrate --fit` on the table reproduces the presets (so they are
+  the fit, not tuned by hand): the well-determined terms to 2%, and every row's simulated
+  figure to 1% of the measured one. Terms the data barely constrain (a step latency near 0, a
+  piece size where one protocol never wins) may land elsewhere with another BLAS or CPU; the
+  figures they produce may not."""
   fitted = calibrate.fit(ROWS)
-  a100 = machine_lib.PRESETS["dgx-a100"].efficiency
-  h100 = machine_lib.PRESETS["dgx-h100"].efficiency
-  ll, ll128, simple = a100.protocols
-  got = {"dgx-a100": {"link": a100.link, "network": a100.network, "launch_us": a100.launch * 1e6,
-                      "LL_us": ll.step_latency * 1e6, "LL128_us": ll128.step_latency * 1e6,
-                      "Simple_us": simple.step_latency * 1e6,
-                      "LL128_piece_MB": ll128.piece_bytes / 1e6,
-                      "Simple_piece_MB": simple.piece_bytes / 1e6},
-         "dgx-h100": {"nvls": h100.nvls, "nvls_latency_us": h100.nvls_latency * 1e6,
-                      "launch_us": h100.launch * 1e6, "nvls_piece_MB": h100.nvls_piece / 1e6},
-         "tpu-v5e": {"link": machine_lib.PRESETS["tpu-v5e"].efficiency.link}}
-  for machine, terms in fitted.items():
-    for name, value in terms.items():
-      assert got[machine][name] == pytest.approx(value, rel=0.01, abs=0.01), (machine, name)
+  presets = machine_lib.PRESETS
+  a100, h100 = presets["dgx-a100"].efficiency, presets["dgx-h100"].efficiency
+  assert fitted["dgx-a100"]["link"] == pytest.approx(a100.link, rel=0.02)
+  assert fitted["dgx-a100"]["network"] == pytest.approx(a100.network, rel=0.02)
+  assert fitted["dgx-h100"]["nvls"] == pytest.approx(h100.nvls, rel=0.02)
+  assert fitted["tpu-v5e"]["link"] == pytest.approx(presets["tpu-v5e"].efficiency.link,
+                                                    rel=0.02)
+  a, h = fitted["dgx-a100"], fitted["dgx-h100"]
+  base = machine_lib.Efficiency(
+      link=a["link"], network=a["network"], launch=a["launch_us"] * 1e-6,
+      protocols=calibrate._protocols(a["LL_us"], a["LL128_us"], a["Simple_us"],
+                                     a["LL128_piece_MB"], a["Simple_piece_MB"]))
+  refit = {**presets,
+           "dgx-a100": machine_lib.dataclasses.replace(presets["dgx-a100"], efficiency=base),
+           "dgx-h100": machine_lib.dataclasses.replace(presets["dgx-h100"], efficiency=(
+               machine_lib.dataclasses.replace(base, nvls=h["nvls"],
+                                               nvls_latency=h["nvls_latency_us"] * 1e-6,
+                                               launch=h["launch_us"] * 1e-6,
+                                               nvls_piece=h["nvls_piece_MB"] * 1e6))),
+           "tpu-v5e": machine_lib.dataclasses.replace(presets["tpu-v5e"], efficiency=(
+               machine_lib.Efficiency(link=fitted["tpu-v5e"]["link"])))}
+  for ours, theirs in zip(REPORT, calibrate.report(ROWS, refit)):
+    if ours["role"] != "excluded":
+      assert theirs["error"] == pytest.approx(ours["error"], abs=0.01), ours["id"]
