@@ -23,6 +23,7 @@ from tests.conftest import rel_err
 from workloads.bert import checkpoint, jax_model, spec, tf_model, tf_trainer
 from workloads.optim.configs import LambConfig
 from workloads.optim import jax_optimizers, schedules, tf_optimizers
+from workloads.parallel import tf_layers
 
 TINY = spec.ModelConfig(vocab_size=50, hidden_size=32, num_layers=2, num_heads=4,
                         intermediate_size=64, max_position_embeddings=16, dropout=0.0)
@@ -103,7 +104,7 @@ def models():
   rng = np.random.default_rng(1)
   params = jax.tree.map(lambda p: jnp.asarray(rng.normal(0, 0.2, p.shape), jnp.float64), params)
   keras_model = tf_model.build(TINY, SEQ, PREDS, dtype="float64")
-  tf_model.load_flax_variables(keras_model, params)
+  tf_layers.load_flax_variables(keras_model, {"params": params})
   return flax_model, params, keras_model, batch
 
 
@@ -138,7 +139,7 @@ def test_float32_logits_are_within_the_float32_bound_of_float64(models):
   exact = np.asarray(jax_apply(flax_model, params, batch)[0])
   params32 = jax.tree.map(lambda p: p.astype(jnp.float32), params)
   keras32 = tf_model.build(TINY, SEQ, PREDS)
-  tf_model.load_flax_variables(keras32, params32)
+  tf_layers.load_flax_variables(keras32, {"params": params32})
   for mlm in (jax_apply(jax_model.from_config(TINY), params32, batch)[0], keras32(batch)[0]):
     assert mlm.dtype == np.float32 and rel_err(mlm, exact) < 1e-4
 
@@ -147,7 +148,7 @@ def test_bfloat16_compute_stays_close_to_float32(models):
   flax_model, params, keras_model, batch = models
   jax_bf16 = jax_model.from_config(TINY, jnp.bfloat16)
   tf_bf16 = tf_model.build(TINY, SEQ, PREDS, dtype="mixed_bfloat16")
-  tf_model.load_flax_variables(tf_bf16, params)
+  tf_layers.load_flax_variables(tf_bf16, {"params": params})
   reference = np.asarray(jax_apply(flax_model, params, batch)[0])
   for mlm in (jax_apply(jax_bf16, params, batch)[0], tf_bf16(batch)[0]):
     assert mlm.dtype == np.float32 and 1e-4 < rel_err(mlm, reference) < 0.05
@@ -195,13 +196,14 @@ def test_loss_and_gradients_agree(models):
   assert rel_err(tf_loss, jax_loss) < TOL
   by_var = {id(v): g for v, g in zip(keras_model.trainable_variables, tf_grads)}
   ours, theirs = [], []
-  for path in keras_model.flax_paths():
-    ours.append(np.ravel(by_var[id(keras_model.variable_at(path))]))
+  paths = tf_layers.params_by_path(keras_model)
+  for path, var in paths.items():
+    ours.append(np.ravel(by_var[id(var)]))
     theirs.append(np.ravel(_get(jax_grads, path)))
   assert len(ours) == len(keras_model.trainable_variables)
   assert rel_err(np.concatenate(ours), np.concatenate(theirs)) < TOL
   whole = np.linalg.norm(np.concatenate(theirs))
-  for path, a, b in zip(keras_model.flax_paths(), ours, theirs):
+  for path, a, b in zip(paths, ours, theirs):
     # per tensor against the larger of its norm and 1e-3 of the whole gradient's: the key bias
     # gradient is exactly zero in exact arithmetic (softmax ignores a per-query shift), rounding
     # noise in both frameworks
@@ -214,7 +216,7 @@ def test_lamb_training_steps_agree(models):
   schedule = schedules.BertLambSchedule(0.01, 10, 2)
   tx = jax_optimizers.make_lamb(lamb, schedule)
   keras_model = tf_model.build(TINY, SEQ, PREDS, dtype="float64")
-  tf_model.load_flax_variables(keras_model, params)
+  tf_layers.load_flax_variables(keras_model, {"params": params})
   optimizer = tf_optimizers.make_lamb(lamb, schedule, tf_model.lamb_excluded_variables(keras_model),
                                       dtype="float64")
   state = tx.init(params)
@@ -224,12 +226,12 @@ def test_lamb_training_steps_agree(models):
     params = optax.apply_updates(params, updates)
     _, tf_grads = _tf_loss_and_grads(keras_model, batch)
     optimizer.apply(tf_grads, keras_model.trainable_variables)
-  for path in keras_model.flax_paths():
+  for path, var in tf_layers.params_by_path(keras_model).items():
     if path[-2:] == ("key", "bias"):
       # its gradient is rounding noise (zero in exact arithmetic); Adam's m/sqrt(v) scales
       # noise to a full-size step, different noise in each framework
       continue
-    assert rel_err(keras_model.variable_at(path).numpy(), _get(params, path)) < TOL, path
+    assert rel_err(var.numpy(), _get(params, path)) < TOL, path
   assert rel_err(params["nsp"]["kernel"], models[1]["nsp"]["kernel"]) > 1e-3   # they moved
 
 
@@ -239,10 +241,10 @@ def test_lamb_exclusions_are_biases_and_layer_norms():
   mask = jax_optimizers.lamb_weight_mask(jax.eval_shape(
       lambda: jax_model.from_config(TINY).init(jax.random.key(0), *[jnp.zeros((1, SEQ), jnp.int32)] * 3,
                                                jnp.zeros((1, 2), jnp.int32)))["params"])
-  for path in keras_model.flax_paths():
+  for path, var in tf_layers.params_by_path(keras_model).items():
     weight = path[-1] in ("kernel", "embedding")
     assert _get(mask, path) == weight, path
-    assert (id(keras_model.variable_at(path)) not in excluded) == weight, path
+    assert (id(var) not in excluded) == weight, path
 
 
 # ----------------------------------------------------------------------------- LAMB formula

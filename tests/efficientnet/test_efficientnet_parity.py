@@ -52,7 +52,7 @@ def models():
 def keras64(models):
   """The shared Keras model with the flax weights (re)loaded: tests change its weights."""
   _, variables, _, keras_model = models
-  return tf_model.load_flax_variables(keras_model, variables)
+  return tf_layers.load_flax_variables(keras_model, variables)
 
 
 def _get(tree, path):
@@ -64,7 +64,7 @@ def _get(tree, path):
 def test_conversion_covers_every_trainable_weight(models):
   _, variables, _, _ = models
   keras_model = keras64(models)
-  paths = tf_model.flax_path_of(keras_model, variables["params"])
+  paths = {id(v): p for p, v in tf_layers.params_by_path(keras_model).items()}
   assert len(paths) == len(keras_model.trainable_variables)
   assert len(jax.tree.leaves(variables["params"])) == len(paths)
 
@@ -82,7 +82,7 @@ def test_eval_and_train_mode_logits_and_batch_statistics_agree(models):
   tf_train = keras_model(batch["image"], training=True)
   assert rel_err(tf_train, jax_train) < TOL and rel_err(tf_train, tf_eval) > 1e-3
   new = updates["batch_stats"]["block6a"]["bn"]
-  layer = keras_model.get_layer("block6a_bn")
+  layer = keras_model.get_layer("block6a.bn")
   assert rel_err(layer.moving_mean.numpy(), new["mean"]) < TOL
   assert rel_err(layer.moving_variance.numpy(), new["var"]) < TOL
 
@@ -119,7 +119,7 @@ def test_loss_and_gradients_agree(models):
   jax_loss, jax_grads = _jax_loss_and_grads(flax_model, variables, batch)
   tf_loss, tf_grads = _tf_loss_and_grads(keras_model, batch)
   assert rel_err(tf_loss, jax_loss) < TOL
-  paths = tf_model.flax_path_of(keras_model, variables["params"])
+  paths = {id(v): p for p, v in tf_layers.params_by_path(keras_model).items()}
   ours = [np.ravel(g) for g in tf_grads]
   theirs = [np.ravel(_get(jax_grads, paths[id(v)])) for v in keras_model.trainable_variables]
   whole = np.linalg.norm(np.concatenate(theirs))
@@ -175,7 +175,7 @@ def test_rmsprop_steps_on_the_model_agree(models):
   optimizer = tf_optimizers.make_rmsprop(OPT, SCHEDULE,
                                          tf_model.batch_norm_variables(keras_model),
                                          dtype="float64")
-  paths = tf_model.flax_path_of(keras_model, variables["params"])
+  paths = {id(v): p for p, v in tf_layers.params_by_path(keras_model).items()}
   for _ in range(2):          # two steps: momentum, mean square and lr all move
     _, grads = _jax_loss_and_grads(flax_model, {**variables, "params": params}, batch)
     updates, opt_state = update(grads, opt_state, params)
@@ -221,7 +221,7 @@ def test_lars_recipe_steps_on_the_model_agree(models):
   optimizer = tf_optimizers.make_optimizer(LARS, POLY, tf_layers.kernel_variables(keras_model),
                                            keras_model.trainable_variables, dtype="float64",
                                            weight_decay=LARS.lars_weight_decay)
-  paths = tf_model.flax_path_of(keras_model, variables["params"])
+  paths = {id(v): p for p, v in tf_layers.params_by_path(keras_model).items()}
   key = jax.random.key(0)          # dropout and stochastic depth are off
   grad_fn = jax.jit(lambda p: jax_trainer.loss_and_grads(
       flax_model.apply, p, variables["batch_stats"], batch, key, MODEL.num_classes, 0.1,

@@ -9,6 +9,7 @@ import pytest
 import tensorflow as tf
 
 from harness.workload import RunContext
+from workloads.parallel import tf_layers
 from workloads.parallel import tf_model_parallel as mp
 from workloads.transformer import spec
 
@@ -39,8 +40,8 @@ def float64_trainer(mesh, vocab=48, source="synthetic", data_dir=None, wus=False
 
 def copy_weights(source, target):
   """The one-replica model's weights into the model-parallel one (shards split from them)."""
-  weights = source.model.variables_by_path()
-  for path, var in target.model.variables_by_path().items():
+  weights = tf_layers.params_by_path(source.model)
+  for path, var in tf_layers.params_by_path(target.model).items():
     if isinstance(var, mp.ShardedWeight):
       var.assign_full(weights[path].numpy())
     else:
@@ -49,15 +50,15 @@ def copy_weights(source, target):
 
 def whole_weights(trainer):
   return {path: (var.full_value() if isinstance(var, mp.ShardedWeight) else var.numpy())
-          for path, var in trainer.model.variables_by_path().items()}
+          for path, var in tf_layers.params_by_path(trainer.model).items()}
 
 
 def summed_gradients(trainer):
   """Every weight's gradient as the train step reduces it (a shard's over its data peers),
   assembled whole on the host from the replicas."""
   rt, batch = trainer.runtime, trainer.train_dataset(0, 1)
-  paths = list(trainer.model.variables_by_path())
-  by_var = {id(v): p for p, v in trainer.model.variables_by_path().items()}
+  paths = list(tf_layers.params_by_path(trainer.model))
+  by_var = {id(v): p for p, v in tf_layers.params_by_path(trainer.model).items()}
 
   def replica(batch):
     _, grads = trainer.loss_and_grads(batch)
@@ -70,7 +71,7 @@ def summed_gradients(trainer):
   local = lambda g: trainer.strategy.experimental_local_results(g)
   out = {}
   for var, grad in zip(trainer.model.trainable_variables, grads):
-    path = next(p for p, v in trainer.model.variables_by_path().items() if v is var)
+    path = next(p for p, v in tf_layers.params_by_path(trainer.model).items() if v is var)
     out[path] = local(grad)[0].numpy()
   for weight, grad in zip(rt.sharded_weights, grads[len(trainer.model.trainable_variables):]):
     path = by_var[id(weight)]
@@ -84,7 +85,7 @@ def summed_gradients(trainer):
 
 def restart(trainer, weights):
   """A trainer back at `weights` ({path: value}) with fresh optimizer state and step 0."""
-  for path, var in trainer.model.variables_by_path().items():
+  for path, var in tf_layers.params_by_path(trainer.model).items():
     var.assign(weights[path])
   trainer.optimizer.iterations.assign(0)
   for slot in trainer.optimizer.variables:
@@ -186,9 +187,8 @@ def bert_trainer(mesh, wus=False):
 
 def bert_weights(trainer, values=None):
   """{flax path: whole value}; with `values`, assigns them first."""
-  model, out = trainer.model, {}
-  for path in model.flax_paths():
-    var = model.variable_at(path)
+  out = {}
+  for path, var in tf_layers.params_by_path(trainer.model).items():
     if values is not None:
       var.assign_full(values[path]) if isinstance(var, mp.ShardedWeight) else var.assign(
           values[path])
@@ -231,7 +231,7 @@ def test_tf_model_parallel_equals_jax_on_the_same_weights():
                                             cfg.optimizer.label_smoothing)[0]
     jax_loss, jax_grads = jax.value_and_grad(loss_fn)(params)
     jax_grads = jax.tree.map(np.asarray, jax_grads)
-  tf_model.load_flax_variables(trainer.model, jax.tree.map(np.asarray, params))
+  tf_layers.load_flax_variables(trainer.model, {"params": jax.tree.map(np.asarray, params)})
   rt = trainer.runtime
   iterator = trainer._distributed(                       # pylint: disable=protected-access
       lambda i, n: tf.data.Dataset.from_tensors(batch).repeat(), 8)

@@ -11,6 +11,7 @@ import tensorflow as tf
 
 from tests.parallel import test_tf_model_parallel as mp_tests
 from workloads.common.moe import MoEConfig
+from workloads.parallel import tf_layers
 from workloads.parallel import tf_model_parallel as mp
 from workloads.transformer import jax_model, jax_trainer, spec, tf_model, tf_trainer
 
@@ -34,7 +35,7 @@ def summed_gradients(trainer):
   """Every weight's gradient as the train step reduces it (an expert shard's over the
   replicas holding the same experts), whole on the host; and the router's counts."""
   rt, batch = trainer.runtime, trainer.train_dataset(0, 1)
-  by_var = {id(v): p for p, v in trainer.model.variables_by_path().items()}
+  by_var = {id(v): p for p, v in tf_layers.params_by_path(trainer.model).items()}
   n = len(trainer.model.trainable_variables)
 
   def replica(batch):
@@ -70,7 +71,7 @@ def one_replica():
 def test_expert_parallel_equals_one_replica(one_replica, mesh):
   one, weights, one_grads, one_counts, one_metrics, one_after = one_replica
   trainer = moe_trainer(mesh)
-  for path, var in trainer.model.variables_by_path().items():
+  for path, var in tf_layers.params_by_path(trainer.model).items():
     (var.assign_full if isinstance(var, mp.ShardedWeight) else var.assign)(weights[path])
   grads, counts = summed_gradients(trainer)
   mp_tests.assert_same(grads, one_grads)
@@ -101,7 +102,8 @@ def both_models(jax_float64):  # pylint: disable=unused-argument,redefined-outer
                         flax_model.init(jax.random.key(3), ids, ids)["params"])
   params = jax.tree.map(lambda p: p + 0.3 * jax.random.normal(jax.random.key(4), p.shape,
                                                               jnp.float64), params)
-  keras_model = tf_model.load_flax_variables(tf_model.build(cfg, 6, "float64"), params)
+  keras_model = tf_layers.load_flax_variables(tf_model.build(cfg, 6, "float64"),
+                                              {"params": params})
   rng = np.random.default_rng(5)
   inputs = rng.integers(2, 40, size=(4, 6)).astype(np.int32)
   targets = rng.integers(2, 40, size=(4, 6)).astype(np.int32)
@@ -121,7 +123,7 @@ def test_keras_equals_flax_on_the_same_weights(both_models):
     tf_loss = tf_trainer.replica_loss(keras_model, batch, 0.1, training=True)
   tf_grads = tape.gradient(tf_loss, keras_model.trainable_variables)
   np.testing.assert_allclose(float(tf_loss), float(jax_loss), rtol=RTOL)
-  by_var = {id(v): path for path, v in keras_model.variables_by_path().items()}
+  by_var = {id(v): path for path, v in tf_layers.params_by_path(keras_model).items()}
   for var, grad in zip(keras_model.trainable_variables, tf_grads):
     expected = jax_grads
     for key in by_var[id(var)]:

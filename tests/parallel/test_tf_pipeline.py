@@ -1,7 +1,7 @@
 """GPipe in TensorFlow (tf_pipeline.py) on logical CPU devices, in float64, checked against
 the JAX side and the one-replica TF step: ResNet's pipelined loss, gradients and new
 batch-norm statistics equal JAX's micro-batched step on one device on the same weights
-(converted with tf_model.load_flax_variables); the Transformer's pipelined loss, gradients and
+(converted with tf_layers.load_flax_variables); the Transformer's pipelined loss, gradients and
 the weights after two Adam steps equal the one-replica TF trainer's, with dropout too (its masks
 are keyed by step, layer and example: tf_layers.ExampleDropout); tf.recompute_grad leaves no
 gradient None. With the JAX tests (test_jax_pipeline.py) and the frameworks' parity tests,
@@ -14,8 +14,8 @@ import tensorflow as tf
 from harness.workload import RunContext
 from tests.parallel.test_jax_pipeline import resnet_batch, resnet_reference
 from tests.parallel.test_tf_model_parallel import restart, tiny_config
+from workloads.parallel import tf_layers
 from workloads.resnet import spec as resnet_spec
-from workloads.resnet import tf_model as resnet_tf_model
 from workloads.transformer import spec as transformer_spec
 
 pytestmark = pytest.mark.usefixtures("jax_float64")     # the JAX references (conftest.py)
@@ -41,7 +41,7 @@ def tf_resnet(mesh, microbatches, remat=False):
   one, _ = resnet_batch()
   variables = jax.device_get({"params": one.state.params,
                               "batch_stats": one.state.batch_stats})
-  resnet_tf_model.load_flax_variables(trainer.model, variables, (2, 2))
+  tf_layers.load_flax_variables(trainer.model, variables)
   return trainer
 
 
@@ -55,27 +55,21 @@ def test_tf_resnet_pipelined_equals_jax_micro_batched_step(stages, microbatches,
   got_loss, got_grads = tf.function(trainer.loss_and_grads)(
       {k: tf.constant(v) for k, v in batch.items()})
   assert_close(got_loss, loss)
-  paths = resnet_tf_model.flax_path_of(trainer.model, (2, 2))
+  paths = {id(v): p for p, v in tf_layers.params_by_path(trainer.model).items()}
   assert all(g is not None for g in got_grads)
   for var, grad in zip(trainer.model.trainable_variables, got_grads):
     expected = grads
     for key in paths[id(var)]:
       expected = expected[key]
     assert_close(grad, expected, var.path)
-  by_name = {}                                       # the new moving averages
-  for keras_name, flax_path in resnet_tf_model._pairs((2, 2)):   # pylint: disable=protected-access
-    try:
-      layer = trainer.model.get_layer(keras_name)
-    except ValueError:
-      continue
-    if hasattr(layer, "moving_mean"):
-      node = stats
-      for key in flax_path:
-        node = node[key]
-      by_name[keras_name] = (layer, node)
-  for name, (layer, node) in by_name.items():
-    assert_close(layer.moving_mean.numpy(), node["mean"], name)
-    assert_close(layer.moving_variance.numpy(), node["var"], name)
+  moving = [(path[1:], var) for path, var in tf_layers.variables_by_path(trainer.model).items()
+            if path[0] == "batch_stats"]                  # the new moving averages
+  assert len(moving) == len(jax.tree.leaves(stats))
+  for path, var in moving:
+    node = stats
+    for key in path:
+      node = node[key]
+    assert_close(var.numpy(), node, path)
 
 
 def test_tf_resnet_with_data_axis_is_refused_in_one_line(cli):
@@ -102,7 +96,7 @@ def one_replica():
 
 
 def weights(trainer):
-  return {path: var.numpy() for path, var in trainer.model.variables_by_path().items()}
+  return {path: var.numpy() for path, var in tf_layers.params_by_path(trainer.model).items()}
 
 
 @pytest.mark.parametrize("mesh,microbatches,remat", [
@@ -111,7 +105,7 @@ def weights(trainer):
 def test_tf_transformer_pipelined_equals_one_replica(one_replica, mesh, microbatches, remat):
   piped = tf_transformer(mesh, microbatches, remat)
   start = weights(one_replica)
-  for path, var in piped.model.variables_by_path().items():
+  for path, var in tf_layers.params_by_path(piped.model).items():
     var.assign(start[path])
   batch = piped.train_dataset(0, 1).take(1).get_single_element()
   loss, grads = tf.function(piped.loss_and_grads)(batch)
@@ -136,8 +130,8 @@ def test_tf_dropout_masks_do_not_depend_on_stages_or_micro_batches():
   piped = tf_transformer("stage=2,data=2", 2, remat=True, dropout=0.1)
   plain = tf_transformer("data=1")
   for trainer in (piped, plain):
-    for path, var in trainer.model.variables_by_path().items():
-      var.assign(one.model.variables_by_path()[path].numpy())
+    for path, var in tf_layers.params_by_path(trainer.model).items():
+      var.assign(tf_layers.params_by_path(one.model)[path].numpy())
   batch = piped.train_dataset(0, 1).take(1).get_single_element()
   loss, grads = tf.function(piped.loss_and_grads)(batch)
   want_loss, want_grads = tf.function(one.loss_and_grads)(batch)

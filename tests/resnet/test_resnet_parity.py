@@ -20,6 +20,7 @@ from tests.conftest import rel_err
 from workloads.common import jax_top1, tf_top1
 from workloads.optim.configs import LarsSgdConfig as OptimizerConfig
 from workloads.optim import jax_optimizers, schedules, tf_optimizers
+from workloads.parallel import tf_layers
 from workloads.resnet import jax_model, jax_trainer, spec, tf_model, tf_trainer
 
 STAGES, WIDTH, CLASSES, SIZE, BATCH = (1, 2), 4, 5, 32, 8
@@ -44,7 +45,7 @@ def models():
       variables["batch_stats"])
   variables = {"params": params, "batch_stats": stats}
   keras_model = keras64()
-  tf_model.load_flax_variables(keras_model, variables, STAGES)
+  tf_layers.load_flax_variables(keras_model, variables)
   batch = {"image": rng.normal(size=(BATCH, SIZE, SIZE, 3)),
            "label": rng.integers(0, CLASSES, BATCH).astype(np.int32)}
   return flax_model, variables, keras_model, batch
@@ -75,7 +76,7 @@ def _bn_stat_count(model):
 
 def test_conversion_covers_every_weight(models):
   flax_model, variables, keras_model, _ = models
-  paths = tf_model.flax_path_of(keras_model, STAGES)
+  paths = {id(v): p for p, v in tf_layers.params_by_path(keras_model).items()}
   assert len(paths) == len(keras_model.trainable_variables)
   assert len(jax.tree.leaves(variables["params"])) == len(paths)
 
@@ -94,7 +95,7 @@ def test_float32_logits_are_within_the_float32_bound_of_float64(models):
   flax_model, variables, keras_model, batch = models
   exact = flax_model.apply(variables, batch["image"], train=False)
   model32 = tf_model.resnet(STAGES, CLASSES, WIDTH, SIZE)
-  tf_model.load_flax_variables(model32, variables, STAGES)
+  tf_layers.load_flax_variables(model32, variables)
   tf32 = model32(batch["image"].astype(np.float32), training=False)
   flax32 = jax_model.ResNet(stage_sizes=STAGES, width=WIDTH, num_classes=CLASSES)
   jax32 = flax32.apply(jax.tree.map(lambda x: x.astype(jnp.float32), variables),
@@ -108,11 +109,11 @@ def test_train_mode_logits_and_batch_statistics_agree(models):
   jax_logits, updates = flax_model.apply(variables, batch["image"], train=True,
                                          mutable=["batch_stats"])
   clone = keras64()
-  tf_model.load_flax_variables(clone, variables, STAGES)
+  tf_layers.load_flax_variables(clone, variables)
   tf_logits = clone(batch["image"], training=True)
   assert rel_err(tf_logits, jax_logits) < TOL
   new_stats = updates["batch_stats"]["BottleneckBlock_1"]["BatchNorm_1"]
-  layer = clone.get_layer("stage1_block0_bn1")
+  layer = clone.get_layer("BottleneckBlock_1.BatchNorm_1")
   assert rel_err(layer.moving_mean.numpy(), new_stats["mean"]) < TOL
   assert rel_err(layer.moving_variance.numpy(), new_stats["var"]) < TOL
 
@@ -142,11 +143,11 @@ def _get(tree, path):
 def test_loss_and_gradients_agree(models):
   flax_model, variables, keras_model, batch = models
   clone = keras64()
-  tf_model.load_flax_variables(clone, variables, STAGES)
+  tf_layers.load_flax_variables(clone, variables)
   jax_loss, jax_grads = _jax_loss_and_grads(flax_model, variables, batch)
   tf_loss, tf_grads = _tf_loss_and_grads(clone, batch)
   assert rel_err(tf_loss, jax_loss) < TOL
-  paths = tf_model.flax_path_of(clone, STAGES)
+  paths = {id(v): p for p, v in tf_layers.params_by_path(clone).items()}
   ours = [np.ravel(g) for g in tf_grads]
   theirs = [np.ravel(_get(jax_grads, paths[id(v)])) for v in clone.trainable_variables]
   assert rel_err(np.concatenate(ours), np.concatenate(theirs)) < TOL
@@ -167,11 +168,11 @@ def test_optimizer_steps_agree(models, name):
   params, opt_state = variables["params"], None
   opt_state = tx.init(params)
   keras_model = keras64()
-  tf_model.load_flax_variables(keras_model, variables, STAGES)
+  tf_layers.load_flax_variables(keras_model, variables)
   optimizer = tf_optimizers.make_optimizer(opt_cfg, schedule,
                                            tf_model.decayed_variables(keras_model),
                                            keras_model.trainable_variables, dtype="float64")
-  paths = tf_model.flax_path_of(keras_model, STAGES)
+  paths = {id(v): p for p, v in tf_layers.params_by_path(keras_model).items()}
   for _ in range(2):                                  # two steps: momentum and lr both move
     _, grads = _jax_loss_and_grads(flax_model, {**variables, "params": params}, batch)
     updates, opt_state = tx.update(grads, opt_state, params)

@@ -11,6 +11,7 @@ import tensorflow as tf
 
 from tests.conftest import rel_err
 from workloads.optim import jax_optimizers, tf_optimizers
+from workloads.parallel import tf_layers
 from workloads.ssd import checkpoint, jax_model, jax_trainer, spec, tf_model, tf_trainer
 
 TOL = 1e-9
@@ -118,7 +119,7 @@ def models():
     batch = {"image": rng.normal(size=(4, 64, 64, 3)), "boxes": rng.normal(size=(4, anchors, 4)),
              "labels": labels.astype(np.int32)}
     keras_model = tf_model.ssd(cfg, dtype="float64")
-    tf_model.load_flax_variables(keras_model, variables)
+    tf_layers.load_flax_variables(keras_model, variables)
     yield cfg, flax_model, variables, batch, keras_model
 
 
@@ -149,7 +150,7 @@ def test_gradients_and_two_sgd_steps_agree(models):
     optimizer = tf_optimizers.MLPerfMomentum(tf_optimizers.KerasSchedule(schedule, "float64"),
                                              decay=5e-4, momentum=0.9, lars=False)
     optimizer.build(keras_model.trainable_variables)
-    paths = tf_model.flax_path_of(keras_model)
+    paths = {id(v): p for p, v in tf_layers.params_by_path(keras_model).items()}
     assert len(paths) == len(keras_model.trainable_variables) == len(jax.tree.leaves(params))
     for step in range(2):
       loss, grads, stats = grad_fn(params, stats)
@@ -194,7 +195,7 @@ def test_backbone_checkpoint_loads_the_same_into_both(models, tmp_path):
   weights["fc.weight"] = np.zeros((10, 512))                   # ignored
   np.savez(tmp_path / "backbone.npz", **weights)
   loaded = checkpoint.read(str(tmp_path), "backbone.npz")
-  tf_model.load_flax_variables(keras_model, variables)        # undo earlier tests' steps
+  tf_layers.load_flax_variables(keras_model, variables)        # undo earlier tests' steps
   with jax.enable_x64(True):
     new = checkpoint.load_into_flax(variables, loaded)
     np.testing.assert_array_equal(new["params"]["layer2_0"]["downsample_conv"]["kernel"],
@@ -208,7 +209,7 @@ def test_backbone_checkpoint_loads_the_same_into_both(models, tmp_path):
       b = keras_model(batch["image"], training=False)
       assert all(rel_err(x, y) < TOL for x, y in zip(b, a))
     finally:
-      tf_model.load_flax_variables(keras_model, variables)
+      tf_layers.load_flax_variables(keras_model, variables)
   del weights["layer1.0.bn2.running_mean"]
   with pytest.raises(ValueError, match="layer1.0.bn2.running_mean"):
     checkpoint.load_into_flax(variables, weights)

@@ -15,6 +15,7 @@ from flax import traverse_util
 from harness.errors import UsageError
 from harness.mesh import param_axes
 from workloads.transformer import jax_model, spec, tf_model
+from workloads.parallel import tf_layers
 
 
 def _flax_shapes(model_cfg, length=8):
@@ -70,7 +71,7 @@ def test_reference_model_has_210_804_736_parameters_in_keras():
   model = tf_model.build(cfg)
   try:
     assert model.count_params() == 210_804_736
-    by_path = model.variables_by_path()
+    by_path = tf_layers.params_by_path(model)
     assert sum(math.prod(v.shape) for v in by_path.values()) == 210_804_736
     assert len({id(v) for v in by_path.values()}) == len(by_path) == len(model.weights)
     assert all(v.dtype == "float32" for v in model.weights)
@@ -125,7 +126,7 @@ def test_keras_variables_have_the_flax_paths_and_shapes():
   model = tf_model.build(cfg)
   try:
     keras_shapes = {"/".join(path): tuple(v.shape)
-                    for path, v in model.variables_by_path().items()}
+                    for path, v in tf_layers.params_by_path(model).items()}
     assert keras_shapes == shapes
     assert len(model.weights) == len(shapes)
   finally:
@@ -152,7 +153,7 @@ def initial_params():
       jax.jit(model.init)(jax.random.key(3), ids, ids)["params"], sep="/")
   keras.utils.set_random_seed(3)
   km = tf_model.build(cfg, length=4)
-  tf = {"/".join(p): np.asarray(v.numpy()) for p, v in km.variables_by_path().items()}
+  tf = {"/".join(p): np.asarray(v.numpy()) for p, v in tf_layers.params_by_path(km).items()}
   keras.backend.clear_session()
   return {"jax": {k: np.asarray(v, np.float64) for k, v in flax.items()},
           "tf": {k: v.astype(np.float64) for k, v in tf.items()}}

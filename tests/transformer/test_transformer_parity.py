@@ -26,6 +26,7 @@ from tests.conftest import rel_err
 
 from workloads.optim import jax_optimizers, schedules, tf_optimizers
 from workloads.optim.configs import AdamConfig
+from workloads.parallel import tf_layers
 from workloads.transformer import beam_search_np, formulas, jax_beam_search, jax_model, \
     jax_trainer, spec, tf_beam_search, tf_model, tf_trainer
 
@@ -80,7 +81,7 @@ def models():
   shapes = jax.eval_shape(flax_model.init, jax.random.key(0), batch["inputs"], batch["targets"])
   params = random_params(shapes["params"])
   keras_model = tf_model.build(CFG, length=7, dtype="float64")
-  tf_model.load_flax_variables(keras_model, params)
+  tf_layers.load_flax_variables(keras_model, {"params": params})
   _COMPILED.clear()                  # compiled functions close over these models
   return flax_model, params, keras_model, batch
 
@@ -106,11 +107,11 @@ def forward(flax_model, params, inputs, targets):
 def keras_with(models, params):
   """The shared Keras model holding `params` for a while (one model: no rebuild or retrace)."""
   keras_model = models[2]
-  tf_model.load_flax_variables(keras_model, params)
+  tf_layers.load_flax_variables(keras_model, {"params": params})
   try:
     yield keras_model
   finally:
-    tf_model.load_flax_variables(keras_model, models[1])
+    tf_layers.load_flax_variables(keras_model, {"params": models[1]})
 
 
 def _flat(tree):
@@ -133,7 +134,7 @@ def _get(tree, path):
 def test_parameter_paths_and_shapes_agree(models):
   _, params, keras_model, _ = models
   flax_leaves = _flat(params)
-  keras_vars = keras_model.variables_by_path()
+  keras_vars = tf_layers.params_by_path(keras_model)
   assert set(flax_leaves) == set(keras_vars)
   for path, leaf in flax_leaves.items():
     assert tuple(keras_vars[path].shape) == leaf.shape, path
@@ -277,7 +278,7 @@ def test_loss_and_gradients_agree(models):
   assert float(count) == expected_count
   assert abs(float(jax_loss) - total / expected_count) < TOL * abs(float(jax_loss))
   assert rel_err(tf_loss, jax_loss) < TOL
-  paths = keras_model.variables_by_path()
+  paths = tf_layers.params_by_path(keras_model)
   ours = [np.ravel(tf_grads[id(var)]) for var in paths.values()]
   theirs = [np.ravel(_get(jax_grads, path)) for path in paths]
   assert rel_err(np.concatenate(ours), np.concatenate(theirs)) < TOL
@@ -335,7 +336,7 @@ def test_two_adam_steps_agree_with_the_numpy_formula(models):
       if t == 1:   # lr(0) = 0: the first update moves nothing, but fills the moments
         for k, w in _flat(params).items():
           np.testing.assert_array_equal(w, _flat(params0)[k])
-    keras_after = {k: var.numpy() for k, var in keras_model.variables_by_path().items()}
+    keras_after = {k: var.numpy() for k, var in tf_layers.params_by_path(keras_model).items()}
   assert int(state.count) == 2 and int(optimizer.iterations.numpy()) == 2
   flat_params, flat_m, flat_v = _flat(params), _flat(state.m), _flat(state.v)
   for path, expected in weights.items():

@@ -1,7 +1,7 @@
 """The MLPerf reference checkpoint's TF1 variable names, mapped onto our parameter paths.
 
 Framework-neutral: one table used by both models. A path is the flax params path (the Keras
-model names its layers the same way; tf_model.variable_at resolves it). `transpose` marks
+model names its layers the same way: tf_layers.variables_by_path). `transpose` marks
 cls/seq_relationship/output_weights, stored [2, hidden] (the reference multiplies by its
 transpose), where our next-sentence head is a Dense kernel [hidden, 2].
 """

@@ -1,7 +1,7 @@
 """BERT with masked-LM and next-sentence heads in Keras 3 (plain keras layers): the same
 architecture, layer names and initialisation as jax_model.py, so parameters convert one to one
-(`load_flax_variables`) and the reference checkpoint loads through the same table
-(checkpoint.py). At the reference size: 336,226,108 parameters.
+(tf_layers.load_flax_variables, by the flax paths of `sublayers()`) and the reference checkpoint
+loads through the same paths (checkpoint.py). At the reference size: 336,226,108 parameters.
 
 With a runtime whose mesh has a model axis the layers are Megatron's (tf_model_parallel.py),
 as jax_model.py's layout: q/k/v and the intermediate dense column-parallel (heads, d_ff), the
@@ -17,6 +17,7 @@ import keras
 from keras import layers, ops
 
 from workloads.bert import checkpoint
+from workloads.parallel import tf_layers
 from workloads.parallel import tf_model_parallel as mp
 
 LAYER_NORM_EPSILON = 1e-12
@@ -173,23 +174,18 @@ class BertPretraining(keras.Model):
     mlm_logits = ops.cast(mlm_logits, self.acc) + ops.cast(bias, self.acc)
     return mlm_logits, ops.cast(nsp_logits, self.acc)
 
-  # ------------------------------------------------------------------ by flax path
-  def variable_at(self, path):
-    """The Keras variable at a flax params path, e.g. ('layer_0', 'query', 'kernel')."""
-    if path == ("mlm_output_bias",):
-      return self.mlm_output_bias
-    owner, leaf = path[:-1], path[-1]
-    layer = (self.encoder[int(owner[0].split("_")[1])].sublayers()[owner[1]]
-             if owner[0].startswith("layer_") else getattr(self, owner[0]))
-    if isinstance(layer, mp.ShardedWeight):              # the vocabulary-split word embedding
-      return layer
-    name = {"embedding": "embeddings", "scale": "gamma",
-            "bias": "beta" if isinstance(layer, layers.LayerNormalization) else "bias"}.get(leaf, leaf)
-    return getattr(layer, name)
-
-  def flax_paths(self):
-    """Every model variable's flax path, in checkpoint-table order."""
-    return [path for _, path, _ in checkpoint.tf1_variable_table(self.cfg.num_layers)]
+  def sublayers(self):
+    """{flax module name: Keras layer or variable} (tf_layers.variables_by_path)."""
+    table = self.word_embeddings
+    out = {"word_embeddings": ({"embedding": table} if isinstance(table, mp.ShardedWeight)
+                               else table),
+           "position_embeddings": self.position_embeddings,
+           "token_type_embeddings": self.token_type_embeddings,
+           "embeddings_LayerNorm": self.embeddings_LayerNorm}
+    out.update({f"layer_{i}": layer for i, layer in enumerate(self.encoder)})
+    out.update({"pooler": self.pooler, "nsp": self.nsp, "mlm_transform": self.mlm_transform,
+                "mlm_LayerNorm": self.mlm_LayerNorm, "mlm_output_bias": self.mlm_output_bias})
+    return out
 
 
 def build(model_cfg, seq_len=None, max_predictions=2, dtype="float32",
@@ -222,29 +218,11 @@ def lamb_excluded_variables(model):
   return out
 
 
-def load_flax_variables(model, params):
-  """Copies flax params into the Keras model through the shared path table."""
-  copied = sharded = 0
-  for path in model.flax_paths():
-    value = params
-    for key in path:
-      value = value[key]
-    var = model.variable_at(path)
-    if isinstance(var, mp.ShardedWeight):
-      var.assign_full(np.asarray(value).reshape(var.full_shape))
-      sharded += int(np.prod(var.full_shape))
-      continue
-    var.assign(np.asarray(value, var.dtype).reshape(var.shape))
-    copied += int(np.prod(var.shape))
-  if copied != model.count_params():
-    raise ValueError(f"converted {copied} of {model.count_params()} values: the models differ")
-  return model
-
-
 def load_tf1_checkpoint(model, path):
   """Loads the reference TF1 checkpoint (e.g. model.ckpt-28252) into the model."""
+  by_path = tf_layers.variables_by_path(model)
   for ours, value in checkpoint.read_tf1_checkpoint(path, model.cfg.num_layers):
-    var = model.variable_at(ours)
+    var = by_path[("params",) + ours]
     shape = var.full_shape if isinstance(var, mp.ShardedWeight) else tuple(var.shape)
     if tuple(shape) != value.shape:
       raise ValueError(f"checkpoint {path}: {ours} has shape {value.shape}, the model "

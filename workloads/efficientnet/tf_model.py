@@ -1,12 +1,12 @@
 """EfficientNet in Keras 3: the architecture of jax_model.py (blocks from spec.blocks), with
-keras.applications.EfficientNetB*'s layer names and initialisers, so parameter counts equal
-keras.applications' and flax weights copy one to one (`load_flax_variables`): Keras layer
-`block1a_expand_conv` is flax module block1a/expand_conv.
+keras.applications.EfficientNetB*'s layers and initialisers, so parameter counts equal
+keras.applications', and flax weights copy one to one (tf_layers.load_flax_variables): a layer
+is named by its flax module path, `block1a.expand_conv` (keras.applications' block1a_expand_conv)
+is flax module block1a/expand_conv.
 
 Given a tf_runtime.StrategyRuntime with several replicas, batch norm pools statistics over
 groups of replicas (workloads/parallel/tf_layers.py). No spatial partitioning.
 """
-import numpy as np
 import keras
 import tensorflow as tf
 from keras import layers
@@ -48,17 +48,17 @@ def _mbconv(inputs, b, lay, depthwise):
   dtype, x = lay.dtype, inputs
   filters = b.filters_in * b.expand_ratio
   if b.expand_ratio != 1:
-    x = _conv(filters, 1, f"{b.name}_expand_conv", dtype)(x)
-    x = layers.Activation("swish", dtype=dtype)(lay.bn(f"{b.name}_expand_bn")(x))
+    x = _conv(filters, 1, f"{b.name}.expand_conv", dtype)(x)
+    x = layers.Activation("swish", dtype=dtype)(lay.bn(f"{b.name}.expand_bn")(x))
   x = depthwise(b.kernel, b.strides, padding="same", use_bias=False,
-                depthwise_initializer=conv_init(), name=f"{b.name}_dwconv", dtype=dtype)(x)
-  x = layers.Activation("swish", dtype=dtype)(lay.bn(f"{b.name}_bn")(x))
+                depthwise_initializer=conv_init(), name=f"{b.name}.dwconv", dtype=dtype)(x)
+  x = layers.Activation("swish", dtype=dtype)(lay.bn(f"{b.name}.bn")(x))
   se = layers.GlobalAveragePooling2D(keepdims=True, dtype=dtype)(x)
-  se = _conv(b.se_filters, 1, f"{b.name}_se_reduce", dtype, use_bias=True, activation="swish")(se)
-  se = _conv(filters, 1, f"{b.name}_se_expand", dtype, use_bias=True, activation="sigmoid")(se)
+  se = _conv(b.se_filters, 1, f"{b.name}.se_reduce", dtype, use_bias=True, activation="swish")(se)
+  se = _conv(filters, 1, f"{b.name}.se_expand", dtype, use_bias=True, activation="sigmoid")(se)
   x = layers.Multiply(dtype=dtype)([x, se])
-  x = _conv(b.filters_out, 1, f"{b.name}_project_conv", dtype)(x)
-  x = lay.bn(f"{b.name}_project_bn")(x)
+  x = _conv(b.filters_out, 1, f"{b.name}.project_conv", dtype)(x)
+  x = lay.bn(f"{b.name}.project_bn")(x)
   if b.residual:
     if b.drop_rate > 0:           # stochastic depth: one draw per example
       x = layers.Dropout(b.drop_rate, noise_shape=(None, 1, 1, 1), dtype=dtype)(x)
@@ -96,63 +96,3 @@ def batch_norm_variables(model):
   """gamma and beta of every batch norm: the variables without the L2 term (by layer role)."""
   return [w for layer in model.layers if isinstance(layer, layers.BatchNormalization)
           for w in (layer.gamma, layer.beta)]
-
-
-# ------------------------------------------------------------------- flax -> keras conversion
-
-def _flax_path(layer_name, flax_params):
-  """block1a_expand_conv -> ('block1a', 'expand_conv'); stem_conv -> ('stem_conv',)."""
-  if layer_name in flax_params:
-    return (layer_name,)
-  block, _, rest = layer_name.partition("_")
-  return (block, rest)
-
-
-def _get(tree, path):
-  for key in path:
-    tree = tree[key]
-  return tree
-
-
-def load_flax_variables(model, variables):
-  """Copies flax {'params', 'batch_stats'} into the Keras model, layer by layer. Conv kernels
-  are HWIO in both; a flax depthwise kernel [k, k, 1, C] is Keras' [k, k, C, 1]."""
-  params, stats = variables["params"], variables["batch_stats"]
-  copied = 0
-  for layer in model.layers:
-    if not layer.weights:
-      continue
-    path = _flax_path(layer.name, params)
-    p = _get(params, path)
-    if isinstance(layer, layers.BatchNormalization):
-      s = _get(stats, path)
-      values = [p["scale"], p["bias"], s["mean"], s["var"]]
-    elif isinstance(layer, layers.DepthwiseConv2D):
-      k = np.asarray(p["kernel"])
-      values = [k.reshape(k.shape[:2] + (k.shape[3], 1))]
-    else:
-      values = [p["kernel"]] + ([p["bias"]] if "bias" in p else [])
-    layer.set_weights([np.asarray(v) for v in values])
-    copied += sum(np.size(w) for w in layer.get_weights())
-  total = sum(np.size(w) for w in model.get_weights())
-  if copied != total:
-    raise ValueError(f"converted {copied} of {total} values: the models differ")
-  return model
-
-
-def flax_path_of(model, flax_params):
-  """{id(keras variable): flax params path}, to compare gradients and updates across."""
-  out = {}
-  for layer in model.layers:
-    if not layer.trainable_weights:
-      continue
-    path = _flax_path(layer.name, flax_params)
-    if isinstance(layer, layers.BatchNormalization):
-      out[id(layer.gamma)], out[id(layer.beta)] = path + ("scale",), path + ("bias",)
-    elif isinstance(layer, layers.DepthwiseConv2D):
-      out[id(layer.kernel)] = path + ("kernel",)
-    else:
-      out[id(layer.kernel)] = path + ("kernel",)
-      if layer.use_bias:
-        out[id(layer.bias)] = path + ("bias",)
-  return out

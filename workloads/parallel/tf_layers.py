@@ -7,10 +7,12 @@ import contextlib
 import threading
 
 import keras
+import numpy as np
 import tensorflow as tf
 from keras import layers
 
 from workloads.common.conv_geometry import same_padding
+from workloads.parallel import tf_model_parallel
 
 
 class CrossReplicaBatchNorm(layers.BatchNormalization):
@@ -211,3 +213,97 @@ class ExampleNoise:
     if context is None:
       return tf.random.stateless_uniform(shape, seed)
     return example_uniform(context, self.key, tf.cast(shape, tf.int64))
+
+
+# ------------------------------------------------------------------- flax parameter paths
+# One convention for the five TF models. A Keras variable's path is the key flax's
+# traverse_util.flatten_dict gives the same value among the JAX model's variables: the
+# collection ('params' or 'batch_stats'), the module path, the leaf. A subclassed model lists
+# its modules in sublayers() ({flax module name: Keras layer, variable or dict}); a functional
+# model names each layer that has weights by its module path joined with MODULE_SEPARATOR.
+MODULE_SEPARATOR = "."
+_LEAF_OF_KERAS_NAME = {"gamma": ("params", "scale"), "beta": ("params", "bias"),
+                       "embeddings": ("params", "embedding"),
+                       "moving_mean": ("batch_stats", "mean"),
+                       "moving_variance": ("batch_stats", "var")}
+
+
+def _leaf(name):
+  return _LEAF_OF_KERAS_NAME.get(name, ("params", name))
+
+
+def _layer_variables(layer):
+  """{(collection, leaf): variable} of a layer without sublayers: its Keras weights under
+  flax's names, and its ShardedWeights (which Keras does not track)."""
+  out = {_leaf(var.name): var for var in layer.weights}
+  for value in vars(layer).values():
+    if isinstance(value, tf_model_parallel.ShardedWeight):
+      out[_leaf(value.name.rsplit("/", 1)[-1])] = value
+  return out
+
+
+def _walk(module_path, node, out):
+  if isinstance(node, dict):
+    for name, child in node.items():
+      _walk(module_path + (name,), child, out)
+  elif hasattr(node, "sublayers"):
+    _walk(module_path, node.sublayers(), out)
+  elif isinstance(node, (tf.Variable, keras.Variable, tf_model_parallel.ShardedWeight)):
+    collection, leaf = _leaf(module_path[-1])
+    out[(collection,) + module_path[:-1] + (leaf,)] = node
+  else:
+    for (collection, leaf), var in _layer_variables(node).items():
+      out[(collection,) + module_path + (leaf,)] = var
+
+
+def variables_by_path(model):
+  """{flax variable path ('params', 'layer_0', 'query', 'kernel'): Keras variable or
+  ShardedWeight} for every variable of `model`; an error if one is left without a path."""
+  out = {}
+  if hasattr(model, "sublayers"):
+    _walk((), model.sublayers(), out)
+  else:
+    for layer in model.layers:
+      if layer.weights:
+        _walk(tuple(layer.name.split(MODULE_SEPARATOR)), layer, out)
+  covered = {id(v) for v in out.values()}
+  missing = [v.path for v in model.weights if id(v) not in covered]
+  if missing:
+    raise ValueError(f"{model.name}: {len(missing)} variables have no flax path, e.g. "
+                     f"{missing[0]}")
+  return out
+
+
+def load_flax_variables(model, variables):
+  """Copies a flax variables tree ({'params': ..., 'batch_stats': ...}) into `model`, each
+  value reshaped to its Keras variable (a depthwise kernel is flax's [k, k, 1, C] and Keras'
+  [k, k, C, 1]; BERT's attention kernels are [H, heads, head_dim] in flax and [H, H] in
+  Keras); every Keras variable must be filled and every flax value used."""
+  by_path = variables_by_path(model)
+  flat = {}
+
+  def flatten(prefix, tree):
+    for key, value in tree.items():
+      if isinstance(value, dict) or hasattr(value, "items"):
+        flatten(prefix + (key,), value)
+      else:
+        flat[prefix + (key,)] = value
+  flatten((), variables)
+  if set(flat) != set(by_path):
+    extra, lacking = sorted(set(flat) - set(by_path)), sorted(set(by_path) - set(flat))
+    raise ValueError(f"{model.name}: the flax variables differ from the model's: "
+                     f"{len(extra)} not in the model (e.g. {extra[:1]}), {len(lacking)} "
+                     f"missing (e.g. {lacking[:1]})")
+  for path, var in by_path.items():
+    value = np.asarray(flat[path])
+    if isinstance(var, tf_model_parallel.ShardedWeight):
+      var.assign_full(value.reshape(var.full_shape))
+    else:
+      var.assign(value.reshape(var.shape).astype(var.dtype))
+  return model
+
+
+def params_by_path(model):
+  """variables_by_path's 'params' collection keyed as the flax params tree is: ('layer_0',
+  'query', 'kernel')."""
+  return {path[1:]: var for path, var in variables_by_path(model).items() if path[0] == "params"}

@@ -38,7 +38,7 @@ from harness import mesh, pipeline as gpipe
 from harness.workload import is_synthetic
 from workloads.common import moe
 from workloads.common.batching import eval_batches_per_host, host_batch_size
-from workloads.parallel import tf_model_parallel, tf_pipeline, tf_runtime
+from workloads.parallel import tf_layers, tf_model_parallel, tf_pipeline, tf_runtime
 
 
 class StrategyTrainer:
@@ -60,8 +60,9 @@ class StrategyTrainer:
 
   def parameter_sizes(self):
     """{flax parameter path ('encoder/layer_0/...'): element count} of the built model: the
-    paths spec.pipeline_layers names (a pipelining workload supplies it)."""
-    raise NotImplementedError
+    paths spec.pipeline_layers names (tf_layers.params_by_path)."""
+    return {"/".join(path): int(np.prod(getattr(var, "full_shape", var.shape)))
+            for path, var in tf_layers.params_by_path(self.model).items()}
 
   def eval_step(self, batch):
     """This replica's outputs for its part of an eval batch (default: [correct, counted],

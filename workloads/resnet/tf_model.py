@@ -1,5 +1,6 @@
 """ResNet v1.5 in Keras 3: the same architecture, layer order and initialisation as
-jax_model.py, so parameters convert one to one (see `load_flax_variables`).
+jax_model.py, so parameters convert one to one (tf_layers.load_flax_variables: a layer with
+weights is named by its flax module path).
 
 v1.5: the stride of a downsampling bottleneck sits on its 3x3 conv. Convs have no bias; 3x3 and
 7x7 convs pad symmetrically (ZeroPadding2D then VALID), as the MLPerf TF reference's
@@ -11,7 +12,6 @@ H/k image rows: every padding before a conv or pool whose window crosses a slab 
 neighbours' rows (halo exchange) and the global average pool sums over the slabs
 (workloads/parallel/tf_layers.py).
 """
-import numpy as np
 import keras
 from keras import layers
 
@@ -33,27 +33,23 @@ def _conv(filters, kernel, strides=1, name=None, dtype=None):
 def _bottleneck(x, filters, strides, prefix, lay):
   dtype = lay.dtype
   residual = x
-  y = _conv(filters, 1, name=f"{prefix}_conv0", dtype=dtype)(x)
-  y = layers.ReLU(dtype=dtype)(lay.bn(f"{prefix}_bn0")(y))
+  y = _conv(filters, 1, name=f"{prefix}.Conv_0", dtype=dtype)(x)
+  y = layers.ReLU(dtype=dtype)(lay.bn(f"{prefix}.BatchNorm_0")(y))
   y = lay.pad(1)(y)
-  y = _conv(filters, 3, strides, name=f"{prefix}_conv1", dtype=dtype)(y)
-  y = layers.ReLU(dtype=dtype)(lay.bn(f"{prefix}_bn1")(y))
-  y = _conv(filters * 4, 1, name=f"{prefix}_conv2", dtype=dtype)(y)
-  y = lay.bn(f"{prefix}_bn2", zero_init=True)(y)   # each block starts as identity
+  y = _conv(filters, 3, strides, name=f"{prefix}.Conv_1", dtype=dtype)(y)
+  y = layers.ReLU(dtype=dtype)(lay.bn(f"{prefix}.BatchNorm_1")(y))
+  y = _conv(filters * 4, 1, name=f"{prefix}.Conv_2", dtype=dtype)(y)
+  y = lay.bn(f"{prefix}.BatchNorm_2", zero_init=True)(y)   # each block starts as identity
   if residual.shape[-1] != filters * 4 or strides != 1:
-    residual = _conv(filters * 4, 1, strides, name=f"{prefix}_proj_conv", dtype=dtype)(residual)
-    residual = lay.bn(f"{prefix}_proj_bn")(residual)
+    residual = _conv(filters * 4, 1, strides, name=f"{prefix}.proj_conv", dtype=dtype)(residual)
+    residual = lay.bn(f"{prefix}.proj_bn")(residual)
   return layers.ReLU(name=f"{prefix}_out", dtype=dtype)(layers.Add(dtype=dtype)([residual, y]))
 
 
 def block_names(stage_sizes):
-  """Keras prefix and flax module name of every bottleneck, in order."""
-  names, index = [], 0
-  for stage, num_blocks in enumerate(stage_sizes):
-    for block in range(num_blocks):
-      names.append((f"stage{stage}_block{block}", f"BottleneckBlock_{index}"))
-      index += 1
-  return names
+  """The flax module name of every bottleneck, in order: the Keras layers of block i are
+  named 'BottleneckBlock_<i>.Conv_0' and so on (tf_layers' path convention)."""
+  return [f"BottleneckBlock_{i}" for i in range(sum(stage_sizes))]
 
 
 def resnet(stage_sizes, num_classes, width=64, image_size=224, dtype="float32", runtime=None):
@@ -74,7 +70,7 @@ def resnet(stage_sizes, num_classes, width=64, image_size=224, dtype="float32", 
   for stage, num_blocks in enumerate(stage_sizes):
     for block in range(num_blocks):
       strides = 2 if stage > 0 and block == 0 else 1
-      x = _bottleneck(x, width * 2**stage, strides, next(blocks)[0], lay)
+      x = _bottleneck(x, width * 2**stage, strides, next(blocks), lay)
   x = lay.global_pool(x)
   x = layers.Dense(num_classes, kernel_initializer=dense_init(), name="classifier", dtype=dtype)(x)
   outputs = layers.Activation("linear", dtype=io_dtype)(x)
@@ -84,7 +80,7 @@ def resnet(stage_sizes, num_classes, width=64, image_size=224, dtype="float32", 
 def stage_models(model, stage_sizes, ranges):
   """GPipe's stages (spec.pipeline_layers: the stem with the first block, the classifier with
   the last): Keras models over the same layers from one block's output to another's."""
-  names = [keras_prefix for keras_prefix, _ in block_names(stage_sizes)]
+  names = block_names(stage_sizes)
   edge = lambda i: model.get_layer(f"{names[i]}_out").output
   return [keras.Model(model.input if start == 0 else edge(start - 1),
                       model.output if end == len(names) else edge(end - 1))
@@ -95,69 +91,3 @@ def decayed_variables(model):
   """The weights LARS decays and trust-ratios: conv and dense kernels, found by layer role
   (Conv2D / Dense own a `kernel`), not by matching names."""
   return [layer.kernel for layer in model.layers if isinstance(layer, (layers.Conv2D, layers.Dense))]
-
-
-# ------------------------------------------------------------------- flax -> keras conversion
-
-def _pairs(stage_sizes):
-  """(keras layer name, flax path) for every layer with weights."""
-  pairs = [("stem_conv", ("stem_conv",)), ("stem_bn", ("stem_bn",))]
-  for keras_prefix, flax_block in block_names(stage_sizes):
-    for i in range(3):
-      pairs.append((f"{keras_prefix}_conv{i}", (flax_block, f"Conv_{i}")))
-      pairs.append((f"{keras_prefix}_bn{i}", (flax_block, f"BatchNorm_{i}")))
-    pairs.append((f"{keras_prefix}_proj_conv", (flax_block, "proj_conv")))
-    pairs.append((f"{keras_prefix}_proj_bn", (flax_block, "proj_bn")))
-  pairs.append(("classifier", ("classifier",)))
-  return pairs
-
-
-def _lookup(tree, path):
-  for key in path:
-    if key not in tree:
-      return None
-    tree = tree[key]
-  return tree
-
-
-def load_flax_variables(model, variables, stage_sizes):
-  """Copies flax {'params', 'batch_stats'} into the Keras model, layer by layer. Conv kernels are
-  HWIO in both frameworks; batch norm maps scale/bias/mean/var to gamma/beta/moving_*."""
-  params, stats = variables["params"], variables["batch_stats"]
-  copied = 0
-  for keras_name, flax_path in _pairs(stage_sizes):
-    p = _lookup(params, flax_path)
-    if p is None:
-      continue                                      # blocks without a projection
-    layer = model.get_layer(keras_name)
-    if isinstance(layer, layers.BatchNormalization):
-      s = _lookup(stats, flax_path)
-      layer.set_weights([np.asarray(p["scale"]), np.asarray(p["bias"]),
-                         np.asarray(s["mean"]), np.asarray(s["var"])])
-    elif isinstance(layer, layers.Dense):
-      layer.set_weights([np.asarray(p["kernel"]), np.asarray(p["bias"])])
-    else:
-      layer.set_weights([np.asarray(p["kernel"])])
-    copied += sum(np.size(w) for w in layer.get_weights())
-  total = sum(np.size(w) for w in model.get_weights())
-  if copied != total:
-    raise ValueError(f"converted {copied} of {total} values: the models differ")
-  return model
-
-
-def flax_path_of(model, stage_sizes):
-  """{id(keras variable): flax params path}, to compare gradients and updates across."""
-  out = {}
-  for keras_name, flax_path in _pairs(stage_sizes):
-    try:
-      layer = model.get_layer(keras_name)
-    except ValueError:
-      continue
-    if isinstance(layer, layers.BatchNormalization):
-      out[id(layer.gamma)] = flax_path + ("scale",)
-      out[id(layer.beta)] = flax_path + ("bias",)
-    else:
-      out[id(layer.kernel)] = flax_path + ("kernel",)
-      if isinstance(layer, layers.Dense):
-        out[id(layer.bias)] = flax_path + ("bias",)
-  return out

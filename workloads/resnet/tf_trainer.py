@@ -4,7 +4,6 @@ in workloads/parallel/tf_trainer_base.py; this file says what is ResNet's: the m
 norm across replica groups, halo-exchanged row slabs under spatial partitioning), LARS/SGD,
 the label-smoothed loss, top-1 counts and the ImageNet/mini/synthetic batches.
 """
-import numpy as np
 import tensorflow as tf
 
 from harness.pipeline import stage_ranges
@@ -50,11 +49,6 @@ class ResNetTrainer(StrategyTrainer):
                                cfg.optimizer.label_smoothing) / (
                                    cfg.train.global_batch_size * self.runtime.spatial)
     return loss, tape.gradient(loss, self.model.trainable_variables)
-
-  def parameter_sizes(self):
-    paths = tf_model.flax_path_of(self.model, self.cfg.model.stage_sizes)
-    return {"/".join(paths[id(v)]): int(np.prod(v.shape))
-            for v in self.model.trainable_variables}
 
   def pipelined_loss_and_grads(self, batch):
     """GPipe (workloads/parallel/tf_pipeline.py): the blocks cut into stages, batch norm per

@@ -83,11 +83,12 @@ def load_into_flax(variables, weights):
 def load_into_keras(model, weights):
   """Sets every backbone layer of the Keras model (tf_model.ssd) from the checkpoint."""
   from keras import layers                 # keras only where the TF model is used
-  from workloads.ssd.tf_model import _flax_path
+  from workloads.parallel.tf_layers import MODULE_SEPARATOR
   for layer in model.layers:
-    if not layer.weights or not is_backbone(_flax_path(layer.name)):
+    path = tuple(layer.name.split(MODULE_SEPARATOR))    # a layer is named by its flax path
+    if not layer.weights or not is_backbone(path):
       continue
-    key = torch_name(_flax_path(layer.name))
+    key = torch_name(path)
     if isinstance(layer, layers.BatchNormalization):
       layer.set_weights(list(batch_norm(weights, key, layer.gamma.shape[0])))
     else:

@@ -1,7 +1,7 @@
-"""SSD300-ResNet34 in Keras 3: the same architecture, names (flax paths joined by '_'),
+"""SSD300-ResNet34 in Keras 3: the same architecture, names (flax module paths joined by '.'),
 initialisation and output layout as jax_model.py, so weights convert one to one
-(`load_flax_variables`). Given a tf_runtime.StrategyRuntime with several replicas, batch norm
-pools statistics over replica groups (workloads/parallel/tf_layers.py). Under spatial
+(tf_layers.load_flax_variables). Given a tf_runtime.StrategyRuntime with several replicas,
+batch norm pools statistics over replica groups (workloads/parallel/tf_layers.py). Under spatial
 partitioning each replica's backbone computes its slab of rows (halo exchange at every padded
 conv, statistics over the slabs), and the backbone's map is gathered whole for the extra layers
 and heads, which every replica of the spatial group then computes alike (the loss counts each
@@ -31,12 +31,12 @@ def _conv(filters, kernel, strides=1, name=None, dtype=None):
 
 def _basic_block(x, filters, strides, project, prefix, lay):
   dtype = lay.dtype
-  y = _conv(filters, 3, strides, f"{prefix}_conv1", dtype)(lay.pad(1)(x))
-  y = layers.ReLU(dtype=dtype)(lay.bn(f"{prefix}_bn1")(y))
-  y = _conv(filters, 3, 1, f"{prefix}_conv2", dtype)(lay.pad(1)(y))
-  y = lay.bn(f"{prefix}_bn2")(y)
+  y = _conv(filters, 3, strides, f"{prefix}.conv1", dtype)(lay.pad(1)(x))
+  y = layers.ReLU(dtype=dtype)(lay.bn(f"{prefix}.bn1")(y))
+  y = _conv(filters, 3, 1, f"{prefix}.conv2", dtype)(lay.pad(1)(y))
+  y = lay.bn(f"{prefix}.bn2")(y)
   if project:
-    x = lay.bn(f"{prefix}_downsample_bn")(_conv(filters, 1, strides, f"{prefix}_downsample_conv",
+    x = lay.bn(f"{prefix}.downsample_bn")(_conv(filters, 1, strides, f"{prefix}.downsample_conv",
                                                  dtype)(x))
   return layers.ReLU(dtype=dtype)(layers.Add(dtype=dtype)([x, y]))
 
@@ -93,58 +93,3 @@ def ssd(cfg, dtype="float32", runtime=None):
   loc = layers.Activation("linear", dtype=io_dtype)(layers.Concatenate(1, dtype=dtype)(locs))
   conf = layers.Activation("linear", dtype=io_dtype)(layers.Concatenate(1, dtype=dtype)(logits))
   return keras.Model(inputs, [loc, conf], name="ssd")
-
-
-# ------------------------------------------------------------------- flax -> keras conversion
-
-def _flax_path(keras_name):
-  """'layer1_0_conv1' -> ('layer1_0', 'conv1'); 'loc0' -> ('loc0',)."""
-  parts = keras_name.split("_")
-  if parts[0].startswith("layer"):
-    return ("_".join(parts[:2]), "_".join(parts[2:]))
-  return (keras_name,)
-
-
-def _weighted_layers(model):
-  return [layer for layer in model.layers if layer.weights]
-
-
-def load_flax_variables(model, variables):
-  """Copies flax {'params', 'batch_stats'} into the Keras model, layer by layer (HWIO kernels in
-  both; batch norm scale/bias/mean/var -> gamma/beta/moving_*)."""
-  params, stats = variables["params"], variables["batch_stats"]
-  copied = 0
-  for layer in _weighted_layers(model):
-    path = _flax_path(layer.name)
-    p = params
-    for key in path:
-      p = p[key]
-    if isinstance(layer, layers.BatchNormalization):
-      s = stats
-      for key in path:
-        s = s[key]
-      layer.set_weights([np.asarray(p["scale"]), np.asarray(p["bias"]),
-                         np.asarray(s["mean"]), np.asarray(s["var"])])
-    elif layer.use_bias:
-      layer.set_weights([np.asarray(p["kernel"]), np.asarray(p["bias"])])
-    else:
-      layer.set_weights([np.asarray(p["kernel"])])
-    copied += sum(np.size(w) for w in layer.get_weights())
-  total = sum(np.size(w) for w in model.get_weights())
-  if copied != total:
-    raise ValueError(f"converted {copied} of {total} values: the models differ")
-  return model
-
-
-def flax_path_of(model):
-  """{id(keras variable): flax params path}, to compare gradients and updates across."""
-  out = {}
-  for layer in _weighted_layers(model):
-    path = _flax_path(layer.name)
-    if isinstance(layer, layers.BatchNormalization):
-      out[id(layer.gamma)], out[id(layer.beta)] = path + ("scale",), path + ("bias",)
-    else:
-      out[id(layer.kernel)] = path + ("kernel",)
-      if layer.use_bias:
-        out[id(layer.bias)] = path + ("bias",)
-  return out

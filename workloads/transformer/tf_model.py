@@ -1,6 +1,6 @@
 """Transformer (big) in Keras 3: the same architecture, initialisation and parameter names as
 jax_model.py (see its docstring for the reference's choices), so parameters convert one to one
-by flax path (`load_flax_variables`). At the reference size: 210,804,736 parameters.
+by flax path (tf_layers.load_flax_variables). At the reference size: 210,804,736 parameters.
 
 The layers are small Keras layers written here, with the flax leaf names (kernel, bias, scale,
 embedding): Keras' MultiHeadAttention has a different projection layout and Glorot fans, and
@@ -241,6 +241,10 @@ class Stack(Block):
                    for i in range(cfg.num_layers)]
     self.output_norm = LayerNorm(cfg.hidden_size, name="output_norm", dtype=self.dtype_policy)
 
+  def sublayers(self):
+    out = {f"layer_{i}": block for i, block in enumerate(self.blocks)}
+    return {**out, "output_norm": self.output_norm}
+
   def call(self, x, bias, encoded=None, encoder_bias=None, training=False, real=None):
     """Encoder: x, its padding bias. Decoder: x, the causal bias, the encoder's outputs and
     padding bias. `real` [B, L]: the real (not padding) tokens, for expert layers."""
@@ -397,27 +401,10 @@ class Transformer(keras.Model):
       x, new[f"layer_{n}"] = block.step(x, i, cache[f"layer_{n}"], encoder_bias)
     return self.logits(self.decoder.output_norm(x))[:, 0], new
 
-  # ------------------------------------------------------------------ by flax path
-  def variables_by_path(self):
-    """{flax params path: Keras variable (or tf_model_parallel.ShardedWeight)} for every
-    variable of the model."""
-    out = {("embedding_shared", "embedding"): self.embedding}
-
-    def walk(prefix, layer):
-      if hasattr(layer, "sublayers"):
-        for name, child in layer.sublayers().items():
-          walk(prefix + (name,), child)
-      else:
-        for var in layer.weights:
-          out[prefix + (var.name,)] = var
-        for name in ("kernel", "bias"):
-          if isinstance(getattr(layer, name, None), mp.ShardedWeight):
-            out[prefix + (name,)] = getattr(layer, name)
-    for stack_name, stack in (("encoder", self.encoder), ("decoder", self.decoder)):
-      for i, block in enumerate(stack.blocks):
-        walk((stack_name, f"layer_{i}"), block)
-      walk((stack_name, "output_norm"), stack.output_norm)
-    return out
+  def sublayers(self):
+    """{flax module name: Keras layer or variable} (tf_layers.variables_by_path)."""
+    return {"embedding_shared": {"embedding": self.embedding}, "encoder": self.encoder,
+            "decoder": self.decoder}
 
 
 def segment_bias(query_segments, key_segments, dtype, causal=False):
@@ -457,22 +444,4 @@ def build(model_cfg, length=8, dtype="float32", runtime=None) -> Transformer:
   if runtime is None or runtime.model == 1:
     ids = np.ones((1, length), np.int32)
     model(ids, ids)
-  return model
-
-
-def load_flax_variables(model, params):
-  """Copies flax params into the Keras model by path; every variable must be covered."""
-  copied = sharded = 0
-  for path, var in model.variables_by_path().items():
-    value = params
-    for key in path:
-      value = value[key]
-    if isinstance(var, mp.ShardedWeight):
-      var.assign_full(np.asarray(value).reshape(var.full_shape))
-      sharded += int(np.prod(var.full_shape))
-    else:
-      var.assign(np.asarray(value, var.dtype).reshape(var.shape))
-    copied += int(np.prod(var.full_shape if isinstance(var, mp.ShardedWeight) else var.shape))
-  if copied - sharded != model.count_params():
-    raise ValueError(f"converted {copied} of {model.count_params()} values: the models differ")
   return model

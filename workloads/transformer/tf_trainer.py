@@ -8,7 +8,6 @@ the target token count all-reduced across replicas, so summing replica gradients
 gradient of the global mean. Eval translates with tf_beam_search.py and scores on the host
 (host_bleu.py), as the JAX trainer does.
 """
-import numpy as np
 import tensorflow as tf
 
 from harness.pipeline import stage_ranges
@@ -125,10 +124,6 @@ class TransformerTrainer(StrategyTrainer):
       return super().step_outputs()
     return {"loss": super().step_outputs(),
             "router": tf_moe.zero_figures(self.cfg.model.moe.num_experts)}
-
-  def parameter_sizes(self):
-    return {"/".join(path): int(np.prod(var.shape))
-            for path, var in self.model.variables_by_path().items()}
 
   def pipelined_loss_and_grads(self, batch):
     """GPipe (workloads/parallel/tf_pipeline.py) over the one list of encoder then decoder
