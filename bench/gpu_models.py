@@ -135,16 +135,14 @@ def _classifier(spec, cfg, model, batch, rng, shapes, dropout):
 def build_resnet50(batch, dtype, rng):
   from workloads.resnet import jax_model, spec
   cfg = spec.SPEC.configure("reference", [])
-  m = cfg.model
-  model = jax_model.ResNet(stage_sizes=m.stage_sizes, width=m.width,
-                           num_classes=m.num_classes, dtype=dtype)
+  model = jax_model.build(cfg, dtype)
   return _classifier(spec, cfg, model, batch, rng, "", dropout=False)
 
 
 def build_bert(batch, dtype, rng):
   from workloads.bert import jax_model, spec
   cfg = spec.SPEC.configure("reference", [])
-  model = jax_model.from_config(cfg.model, dtype)
+  model = jax_model.build(cfg, dtype)
   seq, preds = cfg.data.max_seq_length, cfg.data.max_predictions_per_seq
   vocab = cfg.model.vocab_size
 
@@ -175,7 +173,7 @@ def build_bert(batch, dtype, rng):
 def build_transformer(batch, dtype, rng):
   from workloads.transformer import jax_model, mini_corpus, spec
   cfg = spec.SPEC.configure("reference", [])
-  model = jax_model.from_config(cfg.model, dtype)
+  model = jax_model.build(cfg, dtype)
   length, smoothing = cfg.data.max_length, cfg.optimizer.label_smoothing
 
   def init(key):
@@ -204,7 +202,7 @@ def build_transformer(batch, dtype, rng):
 def build_ssd(batch, dtype, rng):
   from workloads.ssd import jax_model, spec
   cfg = spec.SPEC.configure("reference", [])
-  model = jax_model.from_config(cfg, dtype=dtype)
+  model = jax_model.build(cfg, dtype)
   size, anchors, classes = cfg.data.image_size, spec.num_anchors(cfg), cfg.model.num_classes
 
   def loss(params, batch_stats, b, key):
@@ -228,7 +226,7 @@ def build_ssd(batch, dtype, rng):
 def build_efficientnet(batch, dtype, rng):
   from workloads.efficientnet import jax_model, spec
   cfg = spec.SPEC.configure("reference", [])
-  model = jax_model.from_config(cfg.model, dtype=dtype)
+  model = jax_model.build(cfg, dtype)
   return _classifier(spec, cfg, model, batch, rng, f"{cfg.model.variant}: ", dropout=True)
 
 

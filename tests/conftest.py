@@ -121,6 +121,16 @@ def jax_float64():
     yield
 
 
+def workload_config(spec_module, model, **data):
+  """The workload's tiny config with `model` as its model config and the `data` fields set:
+  what a model file's build(cfg) reads, for a model no preset has."""
+  cfg = spec_module.SPEC.configure("tiny")
+  cfg.model = model
+  for key, value in data.items():
+    setattr(cfg.data, key, value)
+  return cfg
+
+
 def rel_err(a, b):
   """|a - b| / |b| over all elements, computed in float64."""
   import numpy as np

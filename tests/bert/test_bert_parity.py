@@ -18,7 +18,7 @@ import optax
 import pytest
 import tensorflow as tf
 
-from tests.conftest import rel_err
+from tests.conftest import rel_err, workload_config
 
 from workloads.bert import checkpoint, jax_model, spec, tf_model, tf_trainer
 from workloads.optim.configs import LambConfig
@@ -28,6 +28,11 @@ from workloads.parallel import tf_layers
 TINY = spec.ModelConfig(vocab_size=50, hidden_size=32, num_layers=2, num_heads=4,
                         intermediate_size=64, max_position_embeddings=16, dropout=0.0)
 SEQ, PREDS, BATCH = 16, 4, 4
+
+
+def config(model, seq=SEQ, preds=PREDS):
+  """A workload config of `model` for build(cfg): its batches' shapes in cfg.data."""
+  return workload_config(spec, model, max_seq_length=seq, max_predictions_per_seq=preds)
 TOL = 1e-9
 
 pytestmark = pytest.mark.usefixtures("jax_float64")     # tests/conftest.py
@@ -52,7 +57,7 @@ def reference_parameter_count(c) -> int:
 
 
 def jax_count(model_cfg):
-  model = jax_model.from_config(model_cfg)
+  model = jax_model.build(config(model_cfg))
   ids = jnp.zeros((1, 8), jnp.int32)
   shapes = jax.eval_shape(lambda: model.init(jax.random.key(0), ids, ids, ids, ids[:, :2]))
   return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(shapes))
@@ -68,13 +73,13 @@ def test_reference_parameter_count_formula_and_flax():
 @pytest.mark.parametrize("preset", ["mini"])
 def test_same_parameter_count_in_both_frameworks(preset):
   c = spec.SPEC.config(preset).model
-  keras_model = tf_model.build(c, seq_len=8)
+  keras_model = tf_model.build(config(c, 8))
   assert keras_model.count_params() == jax_count(c) == reference_parameter_count(c)
 
 
 @pytest.mark.slow
 def test_keras_reference_size_parameter_count():
-  assert tf_model.build(spec.reference().model, seq_len=8).count_params() == 336_226_108
+  assert tf_model.build(config(spec.reference().model, 8)).count_params() == 336_226_108
 
 
 # ----------------------------------------------------------------------------- parity
@@ -96,14 +101,14 @@ def make_batch(seed=0, lengths=(16, 11, 7, 13)):
 
 @pytest.fixture(scope="module")
 def models():
-  flax_model = jax_model.from_config(TINY, jnp.float64)
+  flax_model = jax_model.build(config(TINY), jnp.float64)
   batch = make_batch()
   params = flax_model.init(jax.random.key(0), batch["input_ids"], batch["input_mask"],
                            batch["segment_ids"], batch["masked_lm_positions"])["params"]
   # Larger random values than the 0.02 init (and random LayerNorm/bias), so every path matters.
   rng = np.random.default_rng(1)
   params = jax.tree.map(lambda p: jnp.asarray(rng.normal(0, 0.2, p.shape), jnp.float64), params)
-  keras_model = tf_model.build(TINY, SEQ, PREDS, dtype="float64")
+  keras_model = tf_model.build(config(TINY), dtype="float64")
   tf_layers.load_flax_variables(keras_model, {"params": params})
   return flax_model, params, keras_model, batch
 
@@ -114,12 +119,13 @@ def jax_apply(flax_model, params, batch):
 
 
 def test_initialisation_is_truncated_normal_002_with_zero_biases():
-  model = tf_model.build(dataclasses.replace(TINY, hidden_size=64, num_heads=4), SEQ)
+  model = tf_model.build(config(dataclasses.replace(TINY, hidden_size=64, num_heads=4)))
   kernel = model.encoder[0].intermediate.kernel.numpy()
   assert abs(kernel.std() - 0.02 * 0.88) < 0.002 and np.abs(kernel).max() <= 0.04 + 1e-6
   assert not model.encoder[0].intermediate.bias.numpy().any()
-  params = jax_model.from_config(TINY).init(jax.random.key(0), *[jnp.zeros((1, SEQ), jnp.int32)] * 3,
-                                            jnp.zeros((1, 2), jnp.int32))["params"]
+  params = jax_model.build(config(TINY)).init(jax.random.key(0),
+                                              *[jnp.zeros((1, SEQ), jnp.int32)] * 3,
+                                              jnp.zeros((1, 2), jnp.int32))["params"]
   table = np.asarray(params["word_embeddings"]["embedding"])
   assert abs(table.std() - 0.02 * 0.88) < 0.003 and np.abs(table).max() <= 0.04 + 1e-6
 
@@ -138,16 +144,16 @@ def test_float32_logits_are_within_the_float32_bound_of_float64(models):
   flax_model, params, _, batch = models
   exact = np.asarray(jax_apply(flax_model, params, batch)[0])
   params32 = jax.tree.map(lambda p: p.astype(jnp.float32), params)
-  keras32 = tf_model.build(TINY, SEQ, PREDS)
+  keras32 = tf_model.build(config(TINY))
   tf_layers.load_flax_variables(keras32, {"params": params32})
-  for mlm in (jax_apply(jax_model.from_config(TINY), params32, batch)[0], keras32(batch)[0]):
+  for mlm in (jax_apply(jax_model.build(config(TINY)), params32, batch)[0], keras32(batch)[0]):
     assert mlm.dtype == np.float32 and rel_err(mlm, exact) < 1e-4
 
 
 def test_bfloat16_compute_stays_close_to_float32(models):
   flax_model, params, keras_model, batch = models
-  jax_bf16 = jax_model.from_config(TINY, jnp.bfloat16)
-  tf_bf16 = tf_model.build(TINY, SEQ, PREDS, dtype="mixed_bfloat16")
+  jax_bf16 = jax_model.build(config(TINY), jnp.bfloat16)
+  tf_bf16 = tf_model.build(config(TINY), dtype="mixed_bfloat16")
   tf_layers.load_flax_variables(tf_bf16, {"params": params})
   reference = np.asarray(jax_apply(flax_model, params, batch)[0])
   for mlm in (jax_apply(jax_bf16, params, batch)[0], tf_bf16(batch)[0]):
@@ -215,7 +221,7 @@ def test_lamb_training_steps_agree(models):
   lamb = LambConfig(base_learning_rate=0.01, training_steps=10, warmup_steps=2)
   schedule = schedules.BertLambSchedule(0.01, 10, 2)
   tx = jax_optimizers.make_lamb(lamb, schedule)
-  keras_model = tf_model.build(TINY, SEQ, PREDS, dtype="float64")
+  keras_model = tf_model.build(config(TINY), dtype="float64")
   tf_layers.load_flax_variables(keras_model, {"params": params})
   optimizer = tf_optimizers.make_lamb(lamb, schedule, tf_model.lamb_excluded_variables(keras_model),
                                       dtype="float64")
@@ -236,11 +242,12 @@ def test_lamb_training_steps_agree(models):
 
 
 def test_lamb_exclusions_are_biases_and_layer_norms():
-  keras_model = tf_model.build(TINY, SEQ, PREDS)
+  keras_model = tf_model.build(config(TINY))
   excluded = {id(v) for v in tf_model.lamb_excluded_variables(keras_model)}
   mask = jax_optimizers.lamb_weight_mask(jax.eval_shape(
-      lambda: jax_model.from_config(TINY).init(jax.random.key(0), *[jnp.zeros((1, SEQ), jnp.int32)] * 3,
-                                               jnp.zeros((1, 2), jnp.int32)))["params"])
+      lambda: jax_model.build(config(TINY)).init(jax.random.key(0),
+                                                 *[jnp.zeros((1, SEQ), jnp.int32)] * 3,
+                                                 jnp.zeros((1, 2), jnp.int32)))["params"])
   for path, var in tf_layers.params_by_path(keras_model).items():
     weight = path[-1] in ("kernel", "embedding")
     assert _get(mask, path) == weight, path
@@ -351,7 +358,7 @@ def write_tf1_checkpoint(prefix, values):
 
 def test_tf1_checkpoint_loads_into_both_models(tmp_path):
   rng = np.random.default_rng(3)
-  flax_model = jax_model.from_config(TINY)
+  flax_model = jax_model.build(config(TINY))
   shapes = jax.eval_shape(lambda: flax_model.init(
       jax.random.key(0), *[jnp.zeros((1, SEQ), jnp.int32)] * 3, jnp.zeros((1, 2), jnp.int32)))
   values = {}
@@ -363,7 +370,7 @@ def test_tf1_checkpoint_loads_into_both_models(tmp_path):
   prefix = str(tmp_path / "model.ckpt-28252")
   write_tf1_checkpoint(prefix, values)
   params = jax_model.load_tf1_checkpoint(shapes["params"], prefix, TINY.num_layers)
-  keras_model = tf_model.load_tf1_checkpoint(tf_model.build(TINY, SEQ, PREDS), prefix)
+  keras_model = tf_model.load_tf1_checkpoint(tf_model.build(config(TINY)), prefix)
   np.testing.assert_array_equal(params["nsp"]["kernel"],
                                 values["cls/seq_relationship/output_weights"].T)
   batch = make_batch()

@@ -10,6 +10,7 @@ import keras
 import numpy as np
 import pytest
 
+from tests.conftest import workload_config
 from workloads.efficientnet import jax_model, spec, tf_model
 from workloads.optim import schedules
 from workloads.optim.configs import RmsPropConfig
@@ -47,11 +48,11 @@ def test_all_eight_variants_have_keras_applications_trainable_counts():
     assert _trainable(reference) == KERAS_APPLICATIONS_TRAINABLE[name], name
     keras.backend.clear_session()
   for name in spec.VARIANTS:
-    flax_model = getattr(jax_model, f"EfficientNet{name.upper()}")()
+    flax_model = jax_model.build(workload_config(spec, spec.variant(name)[0]))
     assert _flax_count(flax_model) == KERAS_APPLICATIONS_TRAINABLE[name], name
   # Our Keras model at B0 (the parity tests show both frameworks build the same layers).
-  cfg, size = spec.variant("b0")
-  assert _trainable(tf_model.efficientnet(cfg, size)) == KERAS_APPLICATIONS_TRAINABLE["b0"]
+  cfg = workload_config(spec, spec.variant("b0")[0], image_size=32)
+  assert _trainable(tf_model.build(cfg)) == KERAS_APPLICATIONS_TRAINABLE["b0"]
   keras.backend.clear_session()
 
 

@@ -13,7 +13,7 @@ import optax
 import pytest
 import tensorflow as tf
 
-from tests.conftest import rel_err
+from tests.conftest import rel_err, workload_config
 
 from workloads.common import jax_top1, tf_top1
 from workloads.efficientnet import jax_model, jax_trainer, spec, tf_model, tf_trainer
@@ -26,13 +26,14 @@ MODEL = spec.ModelConfig(variant="custom", width_coefficient=0.25, depth_coeffic
                          dropout_rate=0.0, drop_connect_rate=0.0, num_classes=5,
                          bn_momentum=0.9)
 SIZE, BATCH, TOL = 32, 6, 1e-9
+CFG = workload_config(spec, MODEL, image_size=SIZE)
 
 pytestmark = pytest.mark.usefixtures("jax_float64")     # tests/conftest.py
 
 
 @pytest.fixture(scope="module")
 def models():
-  flax_model = jax_model.from_config(MODEL, dtype=jnp.float64)
+  flax_model = jax_model.build(CFG, jnp.float64)
   variables = jax.jit(flax_model.init, static_argnames="train")(
       jax.random.key(0), jnp.zeros((1, SIZE, SIZE, 3)), train=False)
   rng = np.random.default_rng(0)
@@ -45,7 +46,7 @@ def models():
   variables = {"params": params, "batch_stats": stats}
   batch = {"image": rng.normal(size=(BATCH, SIZE, SIZE, 3)),
            "label": rng.integers(0, MODEL.num_classes, BATCH).astype(np.int32)}
-  keras_model = tf_model.efficientnet(MODEL, SIZE, dtype="float64")   # built once: slow
+  keras_model = tf_model.build(CFG, "float64")   # built once: slow
   return flax_model, variables, batch, keras_model
 
 

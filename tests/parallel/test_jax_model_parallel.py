@@ -47,7 +47,7 @@ def float64_trainer(spec, model_module, cfg, mesh, wus=False, compile_steps=True
   cfg.parallel.mesh, cfg.parallel.weight_update_sharding = mesh, wus
   trainer = spec.SPEC.make_trainer("jax", cfg, RunContext(seed=0, preset="tiny"))
   trainer.dtype = jnp.float64
-  trainer.model = model_module.from_config(cfg.model, jnp.float64)
+  trainer.model = model_module.build(cfg, jnp.float64)
   init_params = trainer.init_params
   trainer.init_params = lambda rng: jax.tree.map(lambda p: p.astype(jnp.float64),
                                                  init_params(rng))

@@ -223,7 +223,7 @@ def test_tf_model_parallel_equals_jax_on_the_same_weights():
   batch = {k: v.numpy() for k, v in next(iter(trainer.train_dataset(0, 1))).items()}
   cfg = trainer.cfg
   with jax.enable_x64(True):
-    flax_model = jax_model.from_config(cfg.model, jnp.float64)
+    flax_model = jax_model.build(cfg, jnp.float64)
     ids = jnp.zeros((1, cfg.data.max_length), jnp.int32)
     params = jax.tree.map(lambda p: jnp.asarray(p, jnp.float64),
                           flax_model.init(jax.random.key(3), ids, ids)["params"])

@@ -10,6 +10,7 @@ import pytest
 import tensorflow as tf
 
 from tests.parallel import test_tf_model_parallel as mp_tests
+from tests.conftest import workload_config
 from workloads.common.moe import MoEConfig
 from workloads.parallel import tf_layers
 from workloads.parallel import tf_model_parallel as mp
@@ -96,14 +97,14 @@ def both_models(jax_float64):  # pylint: disable=unused-argument,redefined-outer
                          filter_size=32, dropout=0.0, attention_dropout=0.0, relu_dropout=0.0,
                          moe=MoEConfig(num_experts=4, every=1, group_size=6,
                                        second_policy="all"))
-  flax_model = jax_model.from_config(cfg, jnp.float64)
+  flax_model = jax_model.build(workload_config(spec, cfg), jnp.float64)
   ids = jnp.zeros((1, 6), jnp.int32)
   params = jax.tree.map(lambda p: p.astype(jnp.float64),
                         flax_model.init(jax.random.key(3), ids, ids)["params"])
   params = jax.tree.map(lambda p: p + 0.3 * jax.random.normal(jax.random.key(4), p.shape,
                                                               jnp.float64), params)
-  keras_model = tf_layers.load_flax_variables(tf_model.build(cfg, 6, "float64"),
-                                              {"params": params})
+  keras_model = tf_layers.load_flax_variables(
+      tf_model.build(workload_config(spec, cfg), "float64"), {"params": params})
   rng = np.random.default_rng(5)
   inputs = rng.integers(2, 40, size=(4, 6)).astype(np.int32)
   targets = rng.integers(2, 40, size=(4, 6)).astype(np.int32)

@@ -15,7 +15,7 @@ import optax
 import pytest
 import tensorflow as tf
 
-from tests.conftest import rel_err
+from tests.conftest import rel_err, workload_config
 
 from workloads.common import jax_top1, tf_top1
 from workloads.optim.configs import LarsSgdConfig as OptimizerConfig
@@ -24,6 +24,8 @@ from workloads.parallel import tf_layers
 from workloads.resnet import jax_model, jax_trainer, spec, tf_model, tf_trainer
 
 STAGES, WIDTH, CLASSES, SIZE, BATCH = (1, 2), 4, 5, 32, 8
+CFG = workload_config(spec, spec.ModelConfig(stage_sizes=STAGES, width=WIDTH, num_classes=CLASSES),
+                      image_size=SIZE)
 TOL = 1e-9                 # float64 agreement (see above), optimizer steps included (the Keras
                            # learning rate is computed in float64 too: make_optimizer(dtype=))
 
@@ -32,8 +34,7 @@ pytestmark = pytest.mark.usefixtures("jax_float64")     # tests/conftest.py
 
 @pytest.fixture(scope="module")
 def models():
-  flax_model = jax_model.ResNet(stage_sizes=STAGES, width=WIDTH, num_classes=CLASSES,
-                                dtype=jnp.float64)
+  flax_model = jax_model.build(CFG, jnp.float64)
   variables = flax_model.init(jax.random.key(0), jnp.zeros((1, SIZE, SIZE, 3)), train=False)
   # Random values everywhere (the zero-initialised BN scales would hide the residual branches).
   rng = np.random.default_rng(0)
@@ -52,18 +53,17 @@ def models():
 
 
 def keras64():
-  return tf_model.resnet(STAGES, CLASSES, WIDTH, SIZE, dtype="float64")
+  return tf_model.build(CFG, "float64")
 
 
 @pytest.mark.parametrize("preset", ["mini", "reference", "synthetic"])
 def test_same_parameter_count_in_both_frameworks(preset):
   cfg = spec.SPEC.config(preset)
-  m = cfg.model
-  flax_model = jax_model.ResNet(stage_sizes=m.stage_sizes, width=m.width, num_classes=m.num_classes)
+  flax_model = jax_model.build(cfg)
   size = cfg.data.image_size
   shapes = jax.eval_shape(lambda: flax_model.init(jax.random.key(0), jnp.zeros((1, size, size, 3))))
   jax_count = sum(np.prod(x.shape) for x in jax.tree.leaves(shapes["params"]))
-  keras_model = tf_model.resnet(m.stage_sizes, m.num_classes, m.width, size)
+  keras_model = tf_model.build(cfg)
   assert keras_model.count_params() - _bn_stat_count(keras_model) == jax_count
   if preset != "mini":
     assert jax_count == 25_557_032
@@ -94,10 +94,10 @@ def test_float32_logits_are_within_the_float32_bound_of_float64(models):
   sqrt(fan-in <= 576) ~ 1.4e-6 relative, over ~8 layers ~1e-5; 1e-4 leaves room."""
   flax_model, variables, keras_model, batch = models
   exact = flax_model.apply(variables, batch["image"], train=False)
-  model32 = tf_model.resnet(STAGES, CLASSES, WIDTH, SIZE)
+  model32 = tf_model.build(CFG)
   tf_layers.load_flax_variables(model32, variables)
   tf32 = model32(batch["image"].astype(np.float32), training=False)
-  flax32 = jax_model.ResNet(stage_sizes=STAGES, width=WIDTH, num_classes=CLASSES)
+  flax32 = jax_model.build(CFG)
   jax32 = flax32.apply(jax.tree.map(lambda x: x.astype(jnp.float32), variables),
                        batch["image"].astype(np.float32), train=False)
   assert tf32.dtype == tf.float32 and jax32.dtype == jnp.float32

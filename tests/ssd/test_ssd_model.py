@@ -39,14 +39,14 @@ def test_reference_parameter_count_derivation():
   assert backbone + extras + heads == 19_972_534
 
   cfg = spec.SPEC.configure("reference")
-  flax_model = jax_model.from_config(cfg)
+  flax_model = jax_model.build(cfg)
   shapes = jax.eval_shape(lambda: flax_model.init(jax.random.key(0), jnp.zeros((1, 300, 300, 3)),
                                                   train=False))["params"]
   count = lambda tree: sum(int(np.prod(x.shape)) for x in jax.tree.leaves(tree))
   assert count(shapes) == 19_972_534
   assert count({k: v for k, v in shapes.items() if checkpoint.is_backbone((k,))}) == backbone
   assert count({k: v for k, v in shapes.items() if k.startswith("extra")}) == extras
-  keras_model = tf_model.ssd(cfg)
+  keras_model = tf_model.build(cfg)
   assert sum(int(np.prod(v.shape)) for v in keras_model.trainable_variables) == 19_972_534
   assert [tuple(o.shape[1:]) for o in keras_model.outputs] == [(8732, 4), (8732, 81)]
   assert spec.feature_maps(cfg) == [(38, 256), (19, 512), (10, 512), (5, 256), (3, 256), (1, 256)]
@@ -106,7 +106,7 @@ def numpy_loss(locs, logits, gt, labels):
 def models():
   with jax.enable_x64(True):
     cfg = spec.SPEC.configure("tiny")
-    flax_model = jax_model.from_config(cfg, dtype=jnp.float64)
+    flax_model = jax_model.build(cfg, jnp.float64)
     variables = jax.jit(flax_model.init, static_argnames="train")(
         jax.random.key(0), jnp.zeros((1, 64, 64, 3)), train=False)
     rng = np.random.default_rng(0)
@@ -118,7 +118,7 @@ def models():
     labels[3] = 0                                            # an image without positives
     batch = {"image": rng.normal(size=(4, 64, 64, 3)), "boxes": rng.normal(size=(4, anchors, 4)),
              "labels": labels.astype(np.int32)}
-    keras_model = tf_model.ssd(cfg, dtype="float64")
+    keras_model = tf_model.build(cfg, "float64")
     tf_layers.load_flax_variables(keras_model, variables)
     yield cfg, flax_model, variables, batch, keras_model
 

@@ -14,6 +14,7 @@ from flax import traverse_util
 
 from harness.errors import UsageError
 from harness.mesh import param_axes
+from tests.conftest import workload_config
 from workloads.transformer import jax_model, spec, tf_model
 from workloads.parallel import tf_layers
 
@@ -21,7 +22,7 @@ from workloads.parallel import tf_layers
 def _flax_shapes(model_cfg, length=8):
   """{path 'a/b/c': shape} of the flax params from shapes only (jax.eval_shape: nothing is
   allocated or compiled)."""
-  model = jax_model.from_config(model_cfg)
+  model = jax_model.build(workload_config(spec, model_cfg))
   ids = jnp.ones((1, length), jnp.int32)
   shapes = jax.eval_shape(lambda: model.init(jax.random.key(0), ids, ids))
   assert set(shapes) == {"params"}
@@ -68,7 +69,7 @@ def test_reference_model_has_210_804_736_parameters_in_flax():
 def test_reference_model_has_210_804_736_parameters_in_keras():
   """Built for real (210.8M float32 values, ~843 MB: a few seconds on CPU)."""
   cfg = spec.SPEC.configure("reference").model
-  model = tf_model.build(cfg)
+  model = tf_model.build(workload_config(spec, cfg))
   try:
     assert model.count_params() == 210_804_736
     by_path = tf_layers.params_by_path(model)
@@ -123,7 +124,7 @@ def test_param_axes_table_covers_every_flax_parameter_with_its_rank_and_sizes():
 def test_keras_variables_have_the_flax_paths_and_shapes():
   cfg = _small()
   shapes = _flax_shapes(cfg)
-  model = tf_model.build(cfg)
+  model = tf_model.build(workload_config(spec, cfg))
   try:
     keras_shapes = {"/".join(path): tuple(v.shape)
                     for path, v in tf_layers.params_by_path(model).items()}
@@ -147,12 +148,12 @@ def _init_cfg():
 def initial_params():
   """{framework: {path: float64 array}} of freshly initialised models at hidden 256."""
   cfg = _init_cfg()
-  model = jax_model.from_config(cfg)
+  model = jax_model.build(workload_config(spec, cfg))
   ids = jnp.ones((1, 4), jnp.int32)
   flax = traverse_util.flatten_dict(
       jax.jit(model.init)(jax.random.key(3), ids, ids)["params"], sep="/")
   keras.utils.set_random_seed(3)
-  km = tf_model.build(cfg, length=4)
+  km = tf_model.build(workload_config(spec, cfg))
   tf = {"/".join(p): np.asarray(v.numpy()) for p, v in tf_layers.params_by_path(km).items()}
   keras.backend.clear_session()
   return {"jax": {k: np.asarray(v, np.float64) for k, v in flax.items()},
@@ -256,13 +257,13 @@ def test_bfloat16_compute_translates(framework):
     import jax
     import jax.numpy as jnp
     from workloads.transformer import jax_trainer
-    model = jax_model.from_config(cfg, jnp.bfloat16)
+    model = jax_model.build(workload_config(spec, cfg), jnp.bfloat16)
     params = model.init(jax.random.key(0), inputs, inputs)["params"]
     tokens = jax.jit(lambda p, x: jax_trainer.translate(model, p, x, cfg))(params, inputs)
   else:
     import tensorflow as tf
     from workloads.transformer import tf_trainer
-    model = tf_model.build(cfg, length=6, dtype="mixed_bfloat16")
+    model = tf_model.build(workload_config(spec, cfg), dtype="mixed_bfloat16")
     tokens = tf.function(lambda x: tf_trainer.translate(model, x, cfg))(tf.constant(inputs))
   tokens = np.asarray(tokens)
   assert tokens.shape == (2, 6 + 3) and tokens.dtype == np.int32

@@ -22,7 +22,7 @@ import optax
 import pytest
 import tensorflow as tf
 
-from tests.conftest import rel_err
+from tests.conftest import rel_err, workload_config
 
 from workloads.optim import jax_optimizers, schedules, tf_optimizers
 from workloads.optim.configs import AdamConfig
@@ -76,11 +76,11 @@ def random_params(params, seed=1):
 
 @pytest.fixture(scope="module")
 def models():
-  flax_model = jax_model.from_config(CFG, jnp.float64)
+  flax_model = jax_model.build(workload_config(spec, CFG), jnp.float64)
   batch = make_batch()
   shapes = jax.eval_shape(flax_model.init, jax.random.key(0), batch["inputs"], batch["targets"])
   params = random_params(shapes["params"])
-  keras_model = tf_model.build(CFG, length=7, dtype="float64")
+  keras_model = tf_model.build(workload_config(spec, CFG), dtype="float64")
   tf_layers.load_flax_variables(keras_model, {"params": params})
   _COMPILED.clear()                  # compiled functions close over these models
   return flax_model, params, keras_model, batch

@@ -111,8 +111,9 @@ class BertPretraining(nn.Module):
     return mlm_logits.astype(acc), nsp_logits.astype(acc)
 
 
-def from_config(model_cfg, dtype=jnp.float32) -> BertPretraining:
-  return BertPretraining(config=model_cfg, dtype=dtype)
+def build(cfg, dtype=jnp.float32) -> BertPretraining:
+  """The model of the workload config `cfg` (cfg.model), computing in `dtype`."""
+  return BertPretraining(config=cfg.model, dtype=dtype)
 
 
 def pretraining_loss(mlm_logits, nsp_logits, batch):

@@ -51,7 +51,7 @@ class BertTrainer(MeshTrainer):
 
   def __init__(self, cfg, ctx):
     super().__init__(cfg, ctx)
-    self.model = jax_model.from_config(cfg.model, self.dtype)
+    self.model = jax_model.build(cfg, self.dtype)
     self.schedule = spec.schedule_for(cfg)
     self.tx = jax_optimizers.make_lamb(cfg.optimizer, self.schedule)
 

@@ -188,20 +188,21 @@ class BertPretraining(keras.Model):
     return out
 
 
-def build(model_cfg, seq_len=None, max_predictions=2, dtype="float32",
-          runtime=None) -> BertPretraining:
-  """Creates the model and its variables (one call on a dummy batch; on a model axis every
-  weight is made in __init__, and a call outside the replicas could not read the shards)."""
+def build(cfg, dtype="float32", runtime=None) -> BertPretraining:
+  """The model of the workload config `cfg` (cfg.model) with its variables: made by one call on
+  a dummy batch of cfg.data's shapes (on a model axis every weight is made in __init__, and a
+  call outside the replicas could not read the shards)."""
+  model_cfg = cfg.model
   model = BertPretraining(model_cfg, dtype=dtype, runtime=runtime)
   if runtime is not None and runtime.model > 1:
     for layer in model._flatten_layers(include_self=False):  # pylint: disable=protected-access
       if isinstance(layer, (layers.LayerNormalization, layers.Dense)) and not layer.built:
         layer.build((None, model_cfg.hidden_size))    # every one of them reads hidden units
     return model
-  seq = seq_len or model_cfg.max_position_embeddings
+  seq = cfg.data.max_seq_length
   zeros = lambda *shape: np.zeros(shape, np.int32)
   model({"input_ids": zeros(1, seq), "input_mask": zeros(1, seq), "segment_ids": zeros(1, seq),
-         "masked_lm_positions": zeros(1, max_predictions)})
+         "masked_lm_positions": zeros(1, cfg.data.max_predictions_per_seq)})
   return model
 
 

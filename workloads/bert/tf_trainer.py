@@ -64,8 +64,7 @@ class BertTrainer(StrategyTrainer):
   def make_model(self, runtime):
     """The model (Megatron's layers on a model axis), or the reference checkpoint."""
     cfg = self.cfg
-    model = tf_model.build(cfg.model, cfg.data.max_seq_length, cfg.data.max_predictions_per_seq,
-                           self.dtype, runtime)
+    model = tf_model.build(cfg, self.dtype, runtime)
     if cfg.data.init_checkpoint and cfg.data.source == "tfrecord":
       tf_model.load_tf1_checkpoint(model, input_pipeline.checkpoint_path(cfg, self.ctx))
     return model

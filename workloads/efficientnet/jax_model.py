@@ -122,17 +122,9 @@ class EfficientNet(nn.Module):
     return x.astype(jnp.promote_types(self.dtype, jnp.float32))   # bf16 -> f32 logits
 
 
-def from_config(model_cfg, **kw):
-  m = model_cfg
+def build(cfg, dtype=jnp.float32, bn_axis_name=None) -> EfficientNet:
+  """The model of the workload config `cfg` (cfg.model), computing in `dtype`; batch norm
+  pools statistics over the mesh axis `bn_axis_name`."""
+  m = cfg.model
   return EfficientNet(m.width_coefficient, m.depth_coefficient, m.dropout_rate, m.num_classes,
-                      m.drop_connect_rate, m.bn_momentum, **kw)
-
-
-def _variant(name):
-  width, depth, _, dropout = spec.VARIANTS[name]
-  return functools.partial(EfficientNet, width_coefficient=width, depth_coefficient=depth,
-                           dropout_rate=dropout)
-
-
-EfficientNetB0, EfficientNetB1, EfficientNetB2, EfficientNetB3 = map(_variant, ("b0", "b1", "b2", "b3"))
-EfficientNetB4, EfficientNetB5, EfficientNetB6, EfficientNetB7 = map(_variant, ("b4", "b5", "b6", "b7"))
+                      m.drop_connect_rate, m.bn_momentum, dtype=dtype, bn_axis_name=bn_axis_name)

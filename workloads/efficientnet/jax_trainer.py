@@ -81,8 +81,7 @@ class EfficientNetTrainer(MeshTrainer):
 
   def __init__(self, cfg, ctx):
     super().__init__(cfg, ctx)
-    self.model = jax_model.from_config(cfg.model, dtype=self.dtype,
-                                       bn_axis_name="bn" if self.runtime.grouped_bn else None)
+    self.model = jax_model.build(cfg, self.dtype, "bn" if self.runtime.grouped_bn else None)
     opt = cfg.optimizer
     self.schedule = spec.schedule_for(cfg, self.train_examples)
     self.tx = (jax_optimizers.make_optimizer(opt, self.schedule, opt.lars_weight_decay)

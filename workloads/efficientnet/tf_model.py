@@ -66,12 +66,13 @@ def _mbconv(inputs, b, lay, depthwise):
   return x
 
 
-def efficientnet(model_cfg, image_size, dtype="float32", runtime=None, depthwise_taps=False):
-  """dtype 'mixed_bfloat16' computes in bf16 with float32 variables; 'float64' (parity tests).
+def build(cfg, dtype="float32", runtime=None, depthwise_taps=False) -> keras.Model:
+  """The model of the workload config `cfg` (cfg.model, for cfg.data.image_size images).
+  dtype 'mixed_bfloat16' computes in bf16 with float32 variables; 'float64' (parity tests).
   `runtime`: a distributed tf_runtime.StrategyRuntime, or None for one replica.
   depthwise_taps: depthwise convs as DepthwiseConv2DTaps (for a step XLA compiles for a CPU)."""
   depthwise = DepthwiseConv2DTaps if depthwise_taps else layers.DepthwiseConv2D
-  m = model_cfg
+  m, image_size = cfg.model, cfg.data.image_size
   lay = tf_layers.RuntimeLayers(runtime, dtype, bn_momentum=m.bn_momentum,
                                 bn_epsilon=spec.BN_EPSILON)
   io_dtype = "float64" if dtype == "float64" else "float32"

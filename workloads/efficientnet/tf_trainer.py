@@ -50,12 +50,9 @@ class EfficientNetTrainer(StrategyTrainer):
   def make_model(self, runtime):
     # One replica's steps XLA-compile (train.jit_compile), and XLA:CPU's depthwise conv is slow.
     taps = runtime is None and self.cfg.train.jit_compile and self.device_kind == "cpu"
-    model = tf_model.efficientnet(self.cfg.model, self.cfg.data.image_size, dtype=self.dtype,
-                                  runtime=runtime, depthwise_taps=taps)
+    model = tf_model.build(self.cfg, self.dtype, runtime, depthwise_taps=taps)
     # The moving average lives in a twin model (eval runs it); it starts at the initial weights.
-    self.ema_model = tf_model.efficientnet(self.cfg.model, self.cfg.data.image_size,
-                                           dtype=self.dtype, runtime=runtime,
-                                           depthwise_taps=taps)
+    self.ema_model = tf_model.build(self.cfg, self.dtype, runtime, depthwise_taps=taps)
     self.ema_model.set_weights(model.get_weights())
     return model
 

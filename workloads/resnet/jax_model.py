@@ -92,4 +92,10 @@ class ResNet(nn.Module):
     return self.layers(x, 0, self.num_layers, train)
 
 
-ResNet50 = functools.partial(ResNet, stage_sizes=(3, 4, 6, 3))
+
+def build(cfg, dtype=jnp.float32, bn_axis_name=None) -> ResNet:
+  """The model of the workload config `cfg` (cfg.model), computing in `dtype`; batch norm
+  pools statistics over the mesh axis `bn_axis_name`."""
+  m = cfg.model
+  return ResNet(stage_sizes=m.stage_sizes, num_classes=m.num_classes, width=m.width, dtype=dtype,
+                bn_axis_name=bn_axis_name)

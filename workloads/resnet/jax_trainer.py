@@ -113,9 +113,7 @@ class ResNetTrainer(MeshTrainer):
     # batch norm pools over the 'bn' groups (grouped), over the data replicas of a pipeline
     # (shard_map: explicit), else over the batch GSPMD spreads over the mesh (implicit)
     bn_axis = "bn" if rt.grouped_bn else DATA if self.stage_cut and rt.data > 1 else None
-    self.model = jax_model.ResNet(stage_sizes=cfg.model.stage_sizes, width=cfg.model.width,
-                                  num_classes=cfg.model.num_classes, dtype=self.dtype,
-                                  bn_axis_name=bn_axis)
+    self.model = jax_model.build(cfg, self.dtype, bn_axis)
     self.schedule = schedules.warmup_poly_for(cfg.optimizer, cfg.train, self.train_examples)
     self.tx = jax_optimizers.make_optimizer(cfg.optimizer, self.schedule)   # one object: the
                                                           # state's pytree metadata must match

@@ -52,10 +52,12 @@ def block_names(stage_sizes):
   return [f"BottleneckBlock_{i}" for i in range(sum(stage_sizes))]
 
 
-def resnet(stage_sizes, num_classes, width=64, image_size=224, dtype="float32", runtime=None):
-  """dtype 'mixed_bfloat16' computes in bf16 with float32 variables, like the flax model;
+def build(cfg, dtype="float32", runtime=None) -> keras.Model:
+  """The model of the workload config `cfg` (cfg.model, for cfg.data.image_size images).
+  dtype 'mixed_bfloat16' computes in bf16 with float32 variables, like the flax model;
   'float64' everywhere (the parity tests). `runtime`: a distributed
   tf_runtime.StrategyRuntime, or None for one replica."""
+  stage_sizes, image_size, width = cfg.model.stage_sizes, cfg.data.image_size, cfg.model.width
   if runtime is not None:
     check_spatial_partitions(stage_sizes, image_size, runtime.spatial)
   lay = tf_layers.RuntimeLayers(runtime, dtype, bn_momentum=0.9, bn_epsilon=1e-5)
@@ -72,7 +74,8 @@ def resnet(stage_sizes, num_classes, width=64, image_size=224, dtype="float32", 
       strides = 2 if stage > 0 and block == 0 else 1
       x = _bottleneck(x, width * 2**stage, strides, next(blocks), lay)
   x = lay.global_pool(x)
-  x = layers.Dense(num_classes, kernel_initializer=dense_init(), name="classifier", dtype=dtype)(x)
+  x = layers.Dense(cfg.model.num_classes, kernel_initializer=dense_init(), name="classifier",
+                   dtype=dtype)(x)
   outputs = layers.Activation("linear", dtype=io_dtype)(x)
   return keras.Model(inputs, outputs, name="resnet")
 

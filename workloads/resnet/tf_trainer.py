@@ -27,9 +27,7 @@ class ResNetTrainer(StrategyTrainer):
                        "each micro-batch on one stage device; allowed: stage=K with data=1")
 
   def make_model(self, runtime):
-    cfg = self.cfg
-    return tf_model.resnet(cfg.model.stage_sizes, cfg.model.num_classes, cfg.model.width,
-                           cfg.data.image_size, dtype=self.dtype, runtime=runtime)
+    return tf_model.build(self.cfg, self.dtype, runtime)
 
   def make_optimizer(self):
     optimizer = tf_optimizers.make_optimizer(

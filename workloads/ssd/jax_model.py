@@ -111,7 +111,9 @@ def _by_anchor(x, per_anchor, k):
   return x.reshape(n, k * h * w, per_anchor)
 
 
-def from_config(cfg, dtype=jnp.float32, bn_axis_name=None):
+def build(cfg, dtype=jnp.float32, bn_axis_name=None) -> SSD:
+  """The model of the workload config `cfg` (cfg.model at cfg.data.image_size), computing in
+  `dtype`; batch norm pools statistics over the mesh axis `bn_axis_name`."""
   return SSD(cfg.model, tuple(s for s, _ in spec.feature_maps(cfg)), dtype=dtype,
              bn_axis_name=bn_axis_name)
 

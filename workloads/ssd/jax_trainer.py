@@ -58,8 +58,7 @@ class SsdTrainer(MeshTrainer):
 
   def __init__(self, cfg, ctx):
     super().__init__(cfg, ctx)
-    self.model = jax_model.from_config(cfg, dtype=self.dtype,
-                                       bn_axis_name="bn" if self.runtime.grouped_bn else None)
+    self.model = jax_model.build(cfg, self.dtype, "bn" if self.runtime.grouped_bn else None)
     self.schedule = spec.schedule_for(cfg, self.train_examples)
     opt = cfg.optimizer
     # torch SGD: weight decay on every parameter (the reference passes all to one group)

@@ -58,8 +58,9 @@ def _by_anchor(x, per_anchor, k, dtype):
   return layers.Reshape((k * h * w, per_anchor), dtype=dtype)(x)
 
 
-def ssd(cfg, dtype="float32", runtime=None):
-  """dtype 'mixed_bfloat16' computes in bf16 with float32 variables, like the flax model;
+def build(cfg, dtype="float32", runtime=None) -> keras.Model:
+  """The model of the workload config `cfg` (cfg.model at cfg.data.image_size).
+  dtype 'mixed_bfloat16' computes in bf16 with float32 variables, like the flax model;
   'float64' everywhere (the parity tests). Outputs (locs (N, A, 4), logits (N, A, C))."""
   m, size = cfg.model, cfg.data.image_size
   lay = tf_layers.RuntimeLayers(runtime, dtype, bn_momentum=m.bn_momentum, bn_epsilon=1e-5)

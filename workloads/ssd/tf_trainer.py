@@ -63,7 +63,7 @@ class SsdTrainer(StrategyTrainer):
     self.dboxes = boxes.default_boxes(**spec.anchor_geometry(cfg))
 
   def make_model(self, runtime):
-    model = tf_model.ssd(self.cfg, dtype=self.dtype, runtime=runtime)
+    model = tf_model.build(self.cfg, self.dtype, runtime)
     if self.cfg.model.backbone_checkpoint and self.data_dir:   # (describe reads no data)
       checkpoint.load_into_keras(model, checkpoint.read(self.data_dir,
                                                         self.cfg.model.backbone_checkpoint))

@@ -378,8 +378,9 @@ def _position_at(i, hidden_size):
   return jnp.concatenate([jnp.sin(angles), jnp.cos(angles)])[None]
 
 
-def from_config(model_cfg, dtype=jnp.float32) -> Transformer:
-  return Transformer(model_cfg, dtype)
+def build(cfg, dtype=jnp.float32) -> Transformer:
+  """The model of the workload config `cfg` (cfg.model), computing in `dtype`."""
+  return Transformer(cfg.model, dtype)
 
 
 def smoothed_cross_entropy(logits, labels, label_smoothing):

@@ -437,11 +437,12 @@ def position_at(i, hidden_size):
   return ops.concatenate([ops.sin(angles), ops.cos(angles)])[None]
 
 
-def build(model_cfg, length=8, dtype="float32", runtime=None) -> Transformer:
-  """Creates the model and its variables (one call on a dummy batch; on a model axis every
-  weight is made in __init__, and a call outside the replicas could not read the shards)."""
-  model = Transformer(model_cfg, dtype=dtype, runtime=runtime)
+def build(cfg, dtype="float32", runtime=None) -> Transformer:
+  """The model of the workload config `cfg` (cfg.model) with its variables: made by one call on
+  a dummy batch (on a model axis every weight is made in __init__, and a call outside the
+  replicas could not read the shards)."""
+  model = Transformer(cfg.model, dtype=dtype, runtime=runtime)
   if runtime is None or runtime.model == 1:
-    ids = np.ones((1, length), np.int32)
+    ids = np.ones((1, 8), np.int32)       # any length: no weight depends on it
     model(ids, ids)
   return model
