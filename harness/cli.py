@@ -8,6 +8,7 @@ import os
 import sys
 
 from harness import cadence, errors, mesh, registry, rules
+from harness import cluster as cluster_lib
 from harness import config as config_lib
 from harness.errors import EXIT_USAGE, UsageError
 
@@ -190,9 +191,27 @@ _PARALLEL_FLAGS = {"mesh": "mesh", "bn_group_size": "bn_group_size",
                    "num_processes": "num_processes", "process_id": "process_id"}
 
 
+_CLUSTER_FLAGS = ("coordinator", "num_processes", "process_id")
+
+
+def _cluster(args) -> cluster_lib.Cluster:
+  """How the processes find each other: the multi-host flags when any is given, else the
+  environment (an srun step, TF_CONFIG, a Kubernetes index: harness/cluster.py)."""
+  if any(getattr(args, flag) is not None for flag in _CLUSTER_FLAGS):
+    return cluster_lib.Cluster("flags", args.num_processes or 1, args.process_id or 0,
+                               args.coordinator or "", "--coordinator/--num-processes/"
+                               "--process-id; the environment is not read")
+  found = cluster_lib.detect()
+  if found.source == "kubernetes" and args.framework == "tf":
+    raise UsageError(f"{cluster_lib.K8S_INDEX} without TF_CONFIG: TensorFlow finds its "
+                     "workers by TF_CONFIG; allowed: a TF_CONFIG per pod "
+                     "(docs/cluster/jobset.yaml, the TF job)")
+  return found
+
+
 def _workload_config(args):
-  """The run's config (preset, --set, flags, derived values) and the one mesh fit check,
-  all before any framework is imported."""
+  """The run's config (preset, --set, flags, the cluster from flags or environment, derived
+  values) and the one mesh fit check, all before any framework is imported."""
   spec = registry.get(args.workload)
   overrides = list(args.overrides)
   for flag, key in _PARALLEL_FLAGS.items():
@@ -200,6 +219,13 @@ def _workload_config(args):
       overrides.append(f"parallel.{key}={getattr(args, flag)}")
   if args.weight_update_sharding:
     overrides.append("parallel.weight_update_sharding=true")
+  found = args.cluster = _cluster(args)
+  if found.source not in ("single", "flags"):
+    overrides += [f"parallel.num_processes={found.num_processes}",
+                  f"parallel.process_id={found.process_id}"]
+    overrides += [f"parallel.coordinator={found.coordinator}"] if found.coordinator else []
+  if found.source != "single":
+    overrides.append(f"parallel.cluster={found.source}")
   cfg = spec.configure(args.preset, overrides)
   mesh.check_fits(cfg.parallel, framework=args.framework, workload=spec.name,
                   workload_axes=spec.mesh_axes, global_batch_size=cfg.train.global_batch_size,
@@ -255,6 +281,8 @@ def cmd_run(args):
     _check_tensorboard_dir(args.tensorboard)
   existed = os.path.exists(args.results)
   results.check_writable(args.results)   # last check: it creates the file (header comes later)
+  if args.cluster.source != "single":
+    print(args.cluster.line(), flush=True)       # the run's first line: how peers were found
   try:
     _prepare_devices(args.framework, args.cpu_devices)
     opts = driver.RunOptions(primary=cfg.parallel.process_id == 0, framework=args.framework,
@@ -308,6 +336,9 @@ def cmd_describe(args):
   # device are what it shows (and a mesh larger than the machine is described from shapes,
   # uncompiled).
   small = copy.deepcopy(cfg)
+  # described in this one process: a multi-process run's peers are not started by describe
+  small.parallel.num_processes, small.parallel.process_id = 1, 0
+  small.parallel.coordinator = small.parallel.cluster = ""
   axes, batch = cfg.parallel.axes(), args.cpu_devices or min(gbs, 8)   # divisible by 1, 2, 4, 8
   # So does one on an expert axis: its routing groups are the batch shards' tokens.
   if axes["model"] == 1 and axes["stage"] == 1 and axes["expert"] == 1 and (
@@ -331,6 +362,7 @@ def cmd_describe(args):
       "not compiled (the mesh has more devices than this machine)" if "layout" in info else
       "not profiled across TF replicas (describe on 1 device)"))
   print(f"global batch size:        {gbs}")
+  print(f"{args.cluster.line().replace('cluster: ', 'cluster:                  ', 1)}")
   print(f"optimizer:                {opt.summary()}")
   print(f"precision:                {cfg.train.precision}")
   metric = spec.metric

@@ -16,6 +16,7 @@ import math
 import re
 
 from harness import pipeline
+from harness.cluster import SOURCES as CLUSTER_SOURCES
 from harness.errors import UsageError
 
 AXES = ("data", "model", "stage", "expert", "spatial")
@@ -69,6 +70,8 @@ class ParallelConfig:
   coordinator: str = ""               # HOST:PORT of process 0, for multi-host runs
   num_processes: int = 1
   process_id: int = 0
+  cluster: str = ""                   # how the processes were found (harness/cluster.py):
+                                      # set by the command line from its flags or environment
   heartbeat_timeout_s: int = 30       # a peer silent this long ends the run with an error
   microbatches: int = 1               # GPipe: micro-batches per data replica's batch
   remat: bool = False                 # GPipe: recompute each stage's forward in the backward
@@ -100,7 +103,10 @@ class ParallelConfig:
     if data and self.bn_group_size and data % self.bn_group_size:
       raise UsageError(f"--bn-group-size {self.bn_group_size} does not divide the data axis "
                        f"({data}); allowed: a divisor of {data}")
-    if self.num_processes > 1:
+    if self.cluster not in ("",) + CLUSTER_SOURCES:
+      raise UsageError(f"{key_of(self, 'cluster')}={self.cluster!r} is not a cluster source; "
+                       f"allowed: {', '.join(CLUSTER_SOURCES)}")
+    if self.num_processes > 1 and self.cluster != "slurm":   # slurm: the frameworks resolve it
       host, sep, port = self.coordinator.rpartition(":")
       if not sep or not host or not port.isdigit():
         raise UsageError(f"--coordinator {self.coordinator!r}: a multi-host run needs "

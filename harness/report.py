@@ -177,10 +177,16 @@ def render(csv_paths: list[str], baseline: str | None = None, threshold: float =
             for r in summary.itertuples()}
   parts = ["<h2>Summary (MLPerf olympic scores, minutes)</h2>",
            _table(summary, value_columns=("score_min",))]
-  if len(timed):
-    parts += ["<h2>Eval metric per run</h2>", _img(_curves_plot(timed, csv_of), "eval curves"),
-              "<h2>Time to train</h2>", _img(_ttt_plot(timed, scores), "time to train")]
-  parts += ["<h2>History</h2>", _img(_history_plot(frame), "history")]
+  for workload, rows in frame.groupby("workload", sort=True):   # one section per workload
+    name = html.escape(str(workload))
+    parts.append(f"<h2 id='{name}'>{name}</h2>")
+    timed_rows = timed[timed["workload"] == workload]
+    if len(timed_rows):
+      parts += ["<h3>Eval metric per run</h3>",
+                _img(_curves_plot(timed_rows, csv_of), f"{name} eval curves"),
+                "<h3>Time to train</h3>",
+                _img(_ttt_plot(timed_rows, scores), f"{name} time to train")]
+    parts += ["<h3>History</h3>", _img(_history_plot(rows), f"{name} history")]
   if baseline:
     table = compare.compare(baseline, csv_paths[-1], threshold)
     verdict = "REGRESSION" if compare.is_regression(table) else "no regression"
@@ -189,8 +195,8 @@ def render(csv_paths: list[str], baseline: str | None = None, threshold: float =
               f"threshold {threshold:.0%}</p>",
               _table(table, value_columns=("ttt_ratio", "throughput_ratio")),
               _img(_compare_plot(table), "baseline vs new")]
-  runs = frame[["run_id", "started_at", "framework", "preset", "status", "time_to_train_s",
-                "throughput", "git_commit"]]
+  runs = frame[["run_id", "started_at", "workload", "framework", "preset", "status",
+                "time_to_train_s", "throughput", "git_commit"]]
   parts += ["<h2>Runs</h2>", _table(runs)]
   style = ("body{font-family:sans-serif;max-width:1000px;margin:auto}table{border-collapse:"
            "collapse;font-size:12px}td,th{border:1px solid #ccc;padding:2px 6px}")

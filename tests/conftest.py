@@ -72,22 +72,22 @@ def clean_env(few_steps=False):
   return env
 
 
-def run_cli(*args, cwd=None, timeout=600, few_steps=False):
+def run_cli(*args, cwd=None, timeout=600, few_steps=False, env=None):
   """Runs `python run_benchmark.py ARGS` in a new process, as a user would, forked from a server
   that has imported the third-party libraries (tests/fork_server.py: ~8 s of CPU less per run;
   one server per environment for the whole session).
   few_steps: with the few-step switches, for a run that stops after a few steps (its compile
   is most of its cost: EfficientNet's 16-step large-batch run 64 -> 31 s of CPU); a run to the
-  target keeps the user's defaults."""
+  target keeps the user's defaults. env: variables added to the user's environment."""
   return fork_server.run([os.path.join(ROOT, "run_benchmark.py"), *args], cwd or ROOT,
-                         clean_env(few_steps), timeout=timeout)
+                         {**clean_env(few_steps), **(env or {})}, timeout=timeout)
 
 
-def start_cli(*args, few_steps=False):
+def start_cli(*args, few_steps=False, env=None):
   """`python run_benchmark.py ARGS` started, not waited for: a Popen-like process whose
-  stdout carries stderr too."""
+  stdout carries stderr too (`env`: variables added to the user's environment)."""
   return fork_server.start([os.path.join(ROOT, "run_benchmark.py"), *args], ROOT,
-                           clean_env(few_steps), merge_stderr=True)
+                           {**clean_env(few_steps), **(env or {})}, merge_stderr=True)
 
 
 @pytest.fixture

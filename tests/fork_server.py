@@ -173,11 +173,16 @@ def start(argv, cwd, env, merge_stderr=False):
   return ForkedProcess(list(argv), cwd, env, merge_stderr)
 
 
+UNREAD_AT_IMPORT = ("PYTEST_", "SLURM_", "TF_CONFIG", "JOB_COMPLETION_INDEX",
+                    "HARNESS_NUM_PROCESSES", "JAX_COORDINATOR_ADDRESS")
+
+
 def _socket_path(env):
   # pytest's own variables (PYTEST_CURRENT_TEST changes with every test, PYTEST_XDIST_WORKER
-  # with the worker) are read by nobody at import time: the child gets them, the key leaves
-  # them out
-  key = sorted((k, v) for k, v in env.items() if not k.startswith("PYTEST_"))
+  # with the worker) are read by nobody at import time, nor are a cluster's (SLURM_*,
+  # TF_CONFIG, ...: harness/cluster.py reads them when a run starts): the child gets them, the
+  # key leaves them out
+  key = sorted((k, v) for k, v in env.items() if not k.startswith(UNREAD_AT_IMPORT))
   name = hashlib.sha256(json.dumps(key).encode()).hexdigest()[:16]
   return os.path.join(os.environ[SESSION_DIR_VAR], f"{name}.socket")
 

@@ -35,6 +35,7 @@ import jax
 import numpy as np
 from jax.sharding import AbstractMesh, AxisType, NamedSharding, PartitionSpec as P
 
+from harness import cluster as cluster_lib
 from harness import mesh as mesh_lib
 
 DATA = ("replica", "bn")
@@ -48,13 +49,30 @@ _TRACING = contextvars.ContextVar("jax_runtime_tracing", default=None)
 
 
 def initialize_multihost(parallel):
-  """jax.distributed.initialize for --num-processes > 1 (before any device is touched). A peer
-  that stops answering for heartbeat_timeout_s seconds ends every process with an error."""
-  if parallel.num_processes > 1 and not jax.distributed.is_initialized():
+  """jax.distributed.initialize for several processes (before any device is touched): at the
+  coordinator the flags, TF_CONFIG or the Kubernetes pod gave (harness/cluster.py), or, in an
+  srun step, by JAX's own SLURM detection. A peer that stops answering for
+  heartbeat_timeout_s seconds ends every process with an error."""
+  if parallel.num_processes == 1 or jax.distributed.is_initialized():
+    return
+  timeouts = dict(initialization_timeout=120, shutdown_timeout_seconds=30,
+                  heartbeat_timeout_seconds=parallel.heartbeat_timeout_s)
+  if parallel.cluster == "slurm":
+    # JAX gives a task the one local GPU SLURM_LOCALID names (a task per GPU) unless told
+    # otherwise: with --gpus-per-task, Slurm shows each task only its own GPUs, all of them
+    # its devices. (A CPU step's devices are the host's, --cpu-devices: JAX ignores the ids.)
+    found = cluster_lib.detect()
+    local = list(range(found.gpus_per_task)) if found.gpus_per_task else None
+    jax.distributed.initialize(cluster_detection_method="slurm", local_device_ids=local,
+                               **timeouts)
+  else:
     jax.distributed.initialize(parallel.coordinator, num_processes=parallel.num_processes,
-                               process_id=parallel.process_id, initialization_timeout=120,
-                               heartbeat_timeout_seconds=parallel.heartbeat_timeout_s,
-                               shutdown_timeout_seconds=30)
+                               process_id=parallel.process_id, **timeouts)
+  if (jax.process_count(), jax.process_index()) != (parallel.num_processes,
+                                                    parallel.process_id):
+    raise RuntimeError(f"jax.distributed found process {jax.process_index()} of "
+                       f"{jax.process_count()}, the {parallel.cluster} environment said "
+                       f"{parallel.process_id} of {parallel.num_processes}")
 
 
 class MeshRuntime:

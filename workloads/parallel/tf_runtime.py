@@ -2,9 +2,9 @@
 
 Replicas are numbered r = d * spatial + j: d is the data-parallel index, j the row slab of the
 image the replica holds when spatial partitioning is on. One host: MirroredStrategy over the
-GPUs, or over N logical CPU devices (`--cpu-devices N`). Several hosts: MultiWorkerMirrored-
-Strategy with TF_CONFIG built from --coordinator/--num-processes/--process-id (worker i listens
-on the coordinator's port + i).
+GPUs, or over N logical CPU devices (`--cpu-devices N`). Several processes: MultiWorkerMirrored-
+Strategy with the cluster resolver of how they were started (`cluster_resolver`: an srun step,
+TF_CONFIG, or --coordinator/--num-processes/--process-id on one host).
 
 Everything here runs in replica context inside the training tf.function and uses only the
 strategy's own collectives (ReplicaContext.all_reduce / all_gather), which carry gradients and
@@ -27,6 +27,7 @@ import os
 import numpy as np
 import tensorflow as tf
 
+from harness import cluster as cluster_lib
 from harness import mesh as mesh_lib
 
 SUPPORTED_AXES = ("data", "model", "stage", "expert", "spatial")  # mesh.RUNTIME_AXES['tf']
@@ -54,6 +55,29 @@ def tf_config(parallel):
   workers = [f"{host}:{int(port) + i}" for i in range(parallel.num_processes)]
   return {"cluster": {"worker": workers},
           "task": {"type": "worker", "index": parallel.process_id}}
+
+
+def cluster_resolver(parallel):
+  """The tf.distribute cluster resolver of a multi-process run (harness/cluster.py): in an
+  srun step, SlurmClusterResolver (tasks per node from SLURM_STEP_TASKS_PER_NODE, the ports
+  from the one JAX's SLURM detection uses, + the task's index on its node); from TF_CONFIG,
+  TFConfigClusterResolver; from the flags, the same on a TF_CONFIG built here (one host: worker
+  i at the coordinator's port + i)."""
+  resolvers = tf.distribute.cluster_resolver
+  if parallel.cluster == "slurm":
+    found = cluster_lib.detect()
+    if found.gpus_on_node:
+      return resolvers.SlurmClusterResolver(port_base=found.slurm_port,
+                                            gpus_per_node=found.gpus_on_node,
+                                            gpus_per_task=found.gpus_per_task or None)
+    # A CPU step: the resolver pairs each task with GPUs; give each a notional one and
+    # leave CUDA_VISIBLE_DEVICES alone.
+    return resolvers.SlurmClusterResolver(port_base=found.slurm_port,
+                                          gpus_per_node=found.num_processes, gpus_per_task=1,
+                                          auto_set_gpu=False)
+  if parallel.cluster != "tf_config":
+    os.environ["TF_CONFIG"] = json.dumps(tf_config(parallel))
+  return resolvers.TFConfigClusterResolver()
 
 
 _MIRRORED = {}
@@ -100,8 +124,8 @@ class StrategyRuntime:
     self.parallel = parallel
     self.process_index, self.process_count = parallel.process_id, parallel.num_processes
     if parallel.num_processes > 1:
-      os.environ["TF_CONFIG"] = json.dumps(tf_config(parallel))
-      self.strategy = tf.distribute.MultiWorkerMirroredStrategy()
+      resolver = cluster_resolver(parallel)
+      self.strategy = tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver)
       # A dead peer is found by the strategy's health check (a ping to every worker each
       # heartbeat_timeout_s), which aborts the pending collectives with an error. A per-op
       # collective timeout would not do: workers legitimately wait on each other for as long

@@ -1,0 +1,72 @@
+"""Two processes started the way a cluster scheduler starts them, on one machine: under a faked
+srun step (the variables srun sets, one node at 127.0.0.1) and under a faked Kubernetes pod
+(JAX: the Indexed Job's variables; TF: a TF_CONFIG per pod), with no --coordinator flags. Each
+pair ends in the result row of the flag-started pair (the tiny ResNet to its epoch budget,
+--cpu-devices 2 a process: the launch is under test; the mini run over several processes is
+tests/parallel/test_jax_distributed.py's and test_tf_distributed.py's), process 0 alone writes
+the log and the row, and every process says first how it found its peers."""
+import random
+import socket
+
+import pandas as pd
+import pytest
+
+from tests.conftest import free_port, start_cli
+from tests.harness.test_cluster import kubernetes, slurm, tf_config
+
+COMMON = ("run", "resnet50", "--preset", "tiny", "--seed", "0", "--cpu-devices", "2")
+
+
+def _free_slurm_job(count):
+  """A job id whose SLURM port (JAX's choice: 61440 + id mod 4096) and the `count` ports from
+  it are free on 127.0.0.1."""
+  start = random.randrange(4096 - count)
+  for offset in list(range(start, 4096 - count)) + list(range(start)):
+    try:
+      for i in range(count):
+        with socket.socket() as s:
+          s.bind(("127.0.0.1", 61440 + offset + i))
+      return 4096 * 100 + offset
+    except OSError:
+      continue
+  raise RuntimeError("no free SLURM port range on 127.0.0.1")
+
+
+def _pair(tmp_path, name, framework, flags, envs):
+  """Two processes of one run: (result row, their outputs)."""
+  procs = [start_cli(*COMMON, "--framework", framework, *flags[i],
+                     "--results", str(tmp_path / f"{name}.csv"),
+                     "--log-dir", str(tmp_path / f"{name}_logs{i}"), few_steps=True,
+                     env=envs[i])
+           for i in range(2)]
+  outs = [p.communicate(timeout=300)[0] for p in procs]
+  assert [p.returncode for p in procs] == [1, 1], outs    # tiny: the budget, not the target
+  frame = pd.read_csv(tmp_path / f"{name}.csv")
+  assert len(frame) == 1 and not (tmp_path / f"{name}_logs1").exists()
+  return frame.iloc[0], outs
+
+
+@pytest.mark.parametrize("framework", ["jax", "tf"])
+def test_srun_and_kubernetes_launches_equal_the_flag_started_run(tmp_path, framework):
+  port = free_port(2)
+  flags = [("--coordinator", f"127.0.0.1:{port}", "--num-processes", "2", "--process-id",
+            str(i)) for i in range(2)]
+  expected, _ = _pair(tmp_path, "flags", framework, flags, [{}, {}])
+  job = _free_slurm_job(2)
+  pod = kubernetes if framework == "jax" else tf_config
+  port = free_port(2)
+  launches = {"slurm": [slurm(job=job, pid=i) for i in range(2)],
+              "kubernetes": [pod(port, i) for i in range(2)]}
+  for name, envs in launches.items():
+    row, outs = _pair(tmp_path, name, framework, [(), ()], envs)
+    for column in ("status", "abort_reason", "num_devices", "mesh", "global_batch_size",
+                   "seed", "epochs_to_converge", "metric_name"):
+      assert row[column] == expected[column] or (pd.isna(row[column]) and pd.isna(
+          expected[column])), (name, column, row[column], expected[column])
+    assert row["final_metric"] == pytest.approx(expected["final_metric"], rel=1e-6)
+    source = "slurm" if name == "slurm" else ("kubernetes" if framework == "jax" else
+                                             "tf_config")
+    for i, out in enumerate(outs):
+      lines = out.splitlines()
+      first = next(n for n, line in enumerate(lines) if line.startswith(("cluster:", "[")))
+      assert lines[first].startswith(f"cluster: {source}, process {i} of 2"), out[:500]
