@@ -1,4 +1,4 @@
-from harness import cli, compare, results
+from harness import cli, compare, registry, results, rules
 from tests.harness.test_results import make_row
 
 
@@ -77,28 +77,50 @@ def _scaled(tmp_path, name, ttt_factors, tp_factors=None):
   return path
 
 
+WORKLOADS = ("bert", "efficientnet", "resnet50", "ssd", "transformer")
+RUNS = {w: rules.load(registry.get(w).mlperf_benchmark).runs_required for w in WORKLOADS}
+
+
+def test_the_committed_baseline_holds_the_ruleset_s_runs_of_every_workload_and_framework():
+  """5 runs per group, 10 for BERT and the Transformer (MLPerf's run counts: with fewer there
+  is no olympic score to gate)."""
+  assert RUNS == {"bert": 10, "efficientnet": 5, "resnet50": 5, "ssd": 5, "transformer": 10}
+  frame = results.read_csv(BASELINE)
+  counts = frame.groupby(["workload", "framework"]).size()
+  assert set(counts.index) == {(w, f) for w in WORKLOADS for f in ("jax", "tf")}
+  assert all(count == RUNS[w] for (w, _), count in counts.items()), counts
+  assert set(frame["preset"]) == {"mini"} and set(frame["status"]) == {"success"}
+
+
 def test_gate_on_the_committed_baseline_noise_only_passes(tmp_path):
   """Runs re-drawn within +-8% of the baseline's: no verdict is a regression, exit 0."""
   rng = np.random.default_rng(0)
+  rows = len(results.read_csv(BASELINE))
   for trial in range(5):
-    noisy = _scaled(tmp_path, f"noisy{trial}.csv", rng.uniform(0.92, 1.08, 10),
-                    rng.uniform(0.92, 1.08, 10))
+    noisy = _scaled(tmp_path, f"noisy{trial}.csv", rng.uniform(0.92, 1.08, rows),
+                    rng.uniform(0.92, 1.08, rows))
     table = compare.compare(BASELINE, noisy, 0.10)
-    assert not table["verdict"].str.startswith("regression").any(), table
+    assert len(table) == 10 and not table["verdict"].str.startswith("regression").any(), table
     assert cli.main(["compare", BASELINE, noisy, "--threshold", "0.10", "--require-all"]) == 0
 
 
-def test_gate_on_the_committed_baseline_planted_regressions_fail(tmp_path):
-  """One framework 60% slower to train (more than its own spread), or 40% less throughput."""
-  jax_rows = (results.read_csv(BASELINE)["framework"] == "jax").to_numpy()
+@pytest.mark.parametrize("workload", WORKLOADS)
+def test_gate_on_the_committed_baseline_planted_regressions_fail(tmp_path, workload):
+  """One workload's one framework 60% slower to train (more than its own spread), or its other
+  framework with 40% less throughput: that group fails the gate, every other passes."""
+  frame = results.read_csv(BASELINE)
+  mine = (frame["workload"] == workload).to_numpy()
+  jax_rows = mine & (frame["framework"] == "jax").to_numpy()
+  tf_rows = mine & (frame["framework"] == "tf").to_numpy()
   slow = _scaled(tmp_path, "slow.csv", np.where(jax_rows, 1.6, 1.0))
-  table = compare.compare(BASELINE, slow, 0.10).set_index("framework")
-  assert table.loc["jax", "verdict"] == "regression (time-to-train)"
-  assert table.loc["tf", "verdict"] == "ok"
+  table = compare.compare(BASELINE, slow, 0.10).set_index(["workload", "framework"])
+  assert table.loc[(workload, "jax"), "verdict"] == "regression (time-to-train)"
+  assert (table.drop(index=(workload, "jax"))["verdict"] == "ok").all(), table
   assert cli.main(["compare", BASELINE, slow, "--threshold", "0.10"]) == 1
-  starved = _scaled(tmp_path, "tp.csv", 1.0, np.where(jax_rows, 1.0, 0.6))
-  assert compare.compare(BASELINE, starved, 0.10).set_index("framework").loc[
-      "tf", "verdict"] == "regression (throughput)"
+  starved = _scaled(tmp_path, "tp.csv", 1.0, np.where(tf_rows, 0.6, 1.0))
+  table = compare.compare(BASELINE, starved, 0.10).set_index(["workload", "framework"])
+  assert table.loc[(workload, "tf"), "verdict"] == "regression (throughput)"
+  assert (table.drop(index=(workload, "tf"))["verdict"] == "ok").all(), table
   assert cli.main(["compare", BASELINE, starved, "--threshold", "0.10"]) == 1
 
 
@@ -113,6 +135,10 @@ def test_the_documented_ci_workflow_runs_real_commands():
               if line.strip().startswith("python run_benchmark.py")]
   assert {c[0] for c in commands} == {"run", "compare", "report"}
   parser = cli.build_parser()
+  runs = [parser.parse_args(c) for c in commands if c[0] == "run"]
+  assert sorted((r.workload, r.framework, r.runs) for r in runs) == sorted(   # every group,
+      (w, f, RUNS[w]) for w in WORKLOADS for f in ("jax", "tf"))    # its ruleset's run count
+  assert any("--require-all" in c for c in commands)
   for command in commands:
     try:
       parser.parse_args(command)

@@ -41,7 +41,11 @@ def test_report_of_the_committed_baseline(tmp_path, capsys):
   shown = [float(v) for v in re.findall(r'class="score_min" data-value="([^"]+)"', page)]
   assert shown == list(expected["score_min"])                        # exact, in order
   images = _images(page)
-  assert len(images) == 3 and page.count("<img ") == 3              # curves, ttt, history
+  workloads = sorted(set(results.read_csv(BASELINE)["workload"]))
+  assert len(workloads) == 5
+  for workload in workloads:                                        # one section each
+    assert f"<h2 id='{workload}'>{workload}</h2>" in page
+  assert len(images) == 3 * 5 and page.count("<img ") == 3 * 5     # curves, ttt, history
   for image in images:
     assert image.shape[0] > 100 and image.shape[1] > 100
     assert np.ptp(image[..., :3]) > 0.5                              # not blank
@@ -53,8 +57,8 @@ def test_report_with_a_baseline_shows_the_regression(tmp_path, slower_csv):
   page = (out / "index.html").read_text()
   assert "<h2>Baseline vs new: REGRESSION</h2>" in page
   ratios = [float(v) for v in re.findall(r'class="ttt_ratio" data-value="([^"]+)"', page)]
-  assert ratios == pytest.approx([1.3, 1.3])
-  assert len(_images(page)) == 4
+  assert ratios == pytest.approx([1.3] * 10)                 # 5 workloads x 2 frameworks
+  assert len(_images(page)) == 3 * 5 + 1
 
 
 def test_report_of_a_missing_csv_writes_nothing(tmp_path, capsys):
