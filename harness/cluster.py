@@ -144,12 +144,3 @@ def detect(env=None) -> Cluster:
     if found is not None:
       return found
   return Cluster("single", detail="no --coordinator, srun step, TF_CONFIG or Kubernetes index")
-
-
-def resolve(flags_given: bool, parallel, env=None) -> Cluster:
-  """The run's cluster: the flags' when any multi-host flag is given (the environment is then
-  not read), else the environment's."""
-  if flags_given:
-    return Cluster("flags", parallel.num_processes, parallel.process_id, parallel.coordinator,
-                   "--coordinator/--num-processes/--process-id")
-  return detect(env)
