@@ -10,22 +10,46 @@ backend at import); synthetic device-resident batches, float32, no dropout, time
 compilation. Needs the bench extras: pip install --no-deps -r bench/requirements.txt
 
   python bench/bert_vs_keras_hub.py [--batch 16] [--seq 128] [--layers 2] [--hidden 256] [--steps 10]
-                                    [--repeats 5]
+                                    [--repeats 5] [--frameworks tf,jax]
 
-The four measurements are interleaved over --repeats rounds (bench/method.py); the ratios are
-medians of per-round ratios, with their min-max.
+Each side runs in its own process, kept alive between the --repeats interleaved rounds
+(bench/method.py); ratios are medians of per-round ratios with their min-max; model FLOPs per
+sample are counted on both sides by TF's graph profiler.
 """
-import argparse
-import json
 import os
 import sys
-import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from bench import method  # noqa: E402  pylint: disable=wrong-import-position
 
 VOCAB = 30522
+WORKLOAD = "bert"
+SMALL = ["--batch=16", "--seq=128", "--layers=2", "--hidden=256", "--steps=5"]   # bench/all.py
+
+
+def add_args(p):
+  p.add_argument("--batch", type=int, default=16)
+  p.add_argument("--seq", type=int, default=128)
+  p.add_argument("--preds", type=int, default=20)
+  p.add_argument("--layers", type=int, default=2)
+  p.add_argument("--hidden", type=int, default=256)
+  p.add_argument("--steps", type=int, default=10)
+
+
+def check_args(p, args):
+  if args.hidden % 64:
+    p.error(f"--hidden {args.hidden}: allowed: a multiple of 64 (heads of 64, as BERT-large)")
+
+
+def peer_name(args):
+  return "keras-hub BertBackbone + MaskedLMHead"
+
+
+def title(args):
+  return (f"BERT pre-training step: {args.layers} layers, hidden {args.hidden}, vocab {VOCAB}, "
+          f"sequence {args.seq}, {args.preds} predictions, batch {args.batch}, "
+          f"{args.steps} timed steps, float32")
 
 
 def ours(framework, args):
@@ -38,14 +62,10 @@ def ours(framework, args):
       f"model.intermediate_size={4 * args.hidden}", "model.dropout=0.0",
       "train.precision=float32"])
   trainer = spec.SPEC.make_trainer(framework, cfg, RunContext(seed=0, preset="synthetic"))
-  trainer.init()
-  trainer.train(1)                                     # first call: data setup, warm caches
-  start = time.perf_counter()
-  trainer.train(args.steps)
-  return args.steps * args.batch / (time.perf_counter() - start)
+  return method.trainer_side(trainer, args.batch, args.steps)
 
 
-def keras_hub_peer(args):
+def peer(args):
   import keras
   import keras_hub
   import numpy as np
@@ -72,49 +92,8 @@ def keras_hub_peer(args):
        "mask_positions": np.sort(rng.integers(1, s, (b, args.preds)), 1).astype("int32")}
   y = [rng.integers(0, VOCAB, (b, args.preds)).astype("int32"),
        rng.integers(0, 2, (b,)).astype("int32")]
-  model.train_on_batch(x, y)                           # compile
-  model.train_on_batch(x, y)
-  start = time.perf_counter()
-  for _ in range(args.steps):
-    out = model.train_on_batch(x, y)
-  float(np.asarray(out).ravel()[0])                    # sync
-  return args.steps * args.batch / (time.perf_counter() - start)
-
-
-def measure(kind, args):
-  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3",
-             KERAS_BACKEND="jax" if kind == "keras-hub-jax" else "tensorflow")
-  flags = [f"--{k}={getattr(args, k)}" for k in ("batch", "seq", "preds", "layers", "hidden",
-                                                 "steps")]
-  return method.subprocess_rate(__file__, kind, flags, env)
-
-
-def main():
-  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  p.add_argument("--batch", type=int, default=16)
-  p.add_argument("--seq", type=int, default=128)
-  p.add_argument("--preds", type=int, default=20)
-  p.add_argument("--layers", type=int, default=2)
-  p.add_argument("--hidden", type=int, default=256)
-  p.add_argument("--steps", type=int, default=10)
-  p.add_argument("--worker", choices=["ours-tf", "ours-jax", "keras-hub-tf", "keras-hub-jax"])
-  method.add_repeats_arg(p)
-  args = p.parse_args()
-  if args.hidden % 64:
-    p.error(f"--hidden {args.hidden}: allowed: a multiple of 64 (heads of 64, as BERT-large)")
-  if args.worker:
-    value = (ours(args.worker.split("-")[1], args) if args.worker.startswith("ours")
-             else keras_hub_peer(args))
-    print(json.dumps({"samples_per_s": value}))
-    return
-  print(f"BERT pre-training step: {args.layers} layers, hidden {args.hidden}, vocab {VOCAB}, "
-        f"sequence {args.seq}, {args.preds} predictions, batch {args.batch}, "
-        f"{args.steps} timed steps, float32")
-  kinds = ("ours-tf", "keras-hub-tf", "ours-jax", "keras-hub-jax")
-  values = method.interleaved({k: (lambda k=k: measure(k, args)) for k in kinds}, args.repeats)
-  method.report(values, [("TF  (ours / keras-hub, TF backend)", "ours-tf", "keras-hub-tf"),
-                         ("JAX (ours / keras-hub, JAX backend)", "ours-jax", "keras-hub-jax")])
+  return method.keras_side(model, x, y, b, args.steps)
 
 
 if __name__ == "__main__":
-  main()
+  method.main(sys.modules[__name__], __file__)

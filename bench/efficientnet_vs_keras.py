@@ -11,10 +11,11 @@ stochastic depth on, float32, synthetic device-resident data, timed after compil
 model includes its input Rescaling/Normalization layers (a few elementwise ops).
 
   python bench/efficientnet_vs_keras.py [--batch 32] [--image-size 224] [--steps 10] [--repeats 5]
+                                        [--frameworks tf,jax]
 
-The four measurements run in their own processes (Keras picks its backend at import),
-interleaved over --repeats rounds (bench/method.py); the ratios are medians of per-round
-ratios, with their min-max.
+Each side runs in its own process (Keras picks its backend at import), kept alive between the
+--repeats interleaved rounds (bench/method.py); ratios are medians of per-round ratios with
+their min-max; model FLOPs per sample are counted on both sides by TF's graph profiler.
 """
 import os
 import sys
@@ -24,25 +25,44 @@ sys.path.insert(0, ROOT)
 from bench import method  # noqa: E402  pylint: disable=wrong-import-position
 
 
-def ours(framework, batch, image_size, steps):
+WORKLOAD = "efficientnet"
+SMALL = ["--batch=8", "--image-size=64", "--steps=3"]        # bench/all.py's size
+
+
+def add_args(p):
+  p.add_argument("--batch", type=int, default=32)
+  p.add_argument("--image-size", type=int, default=224)
+  p.add_argument("--steps", type=int, default=10)
+
+
+def peer_name(args):
+  return "keras.applications.EfficientNetB0"
+
+
+def title(args):
+  return (f"EfficientNet-B0 training step, batch {args.batch}, "
+          f"{args.image_size}x{args.image_size}, {args.steps} timed steps, float32")
+
+
+def ours(framework, args):
   from harness.workload import RunContext
   from workloads.efficientnet import spec
-  cfg = spec.SPEC.configure("synthetic", [f"train.global_batch_size={batch}",
-                                          f"data.image_size={image_size}",
+  cfg = spec.SPEC.configure("synthetic", [f"train.global_batch_size={args.batch}",
+                                          f"data.image_size={args.image_size}",
                                           "train.precision=float32"])
   trainer = spec.SPEC.make_trainer(framework, cfg, RunContext(seed=0, preset="synthetic"))
-  return method.trainer_rate(trainer, batch, steps)
+  return method.trainer_side(trainer, args.batch, args.steps)
 
 
-def keras_peer(batch, image_size, steps):
+def peer(args):
   import keras
-  model = keras.applications.EfficientNetB0(weights=None,
-                                            input_shape=(image_size, image_size, 3),
-                                            classes=1000)
+  model = keras.applications.EfficientNetB0(
+      weights=None, input_shape=(args.image_size, args.image_size, 3), classes=1000)
   optimizer = keras.optimizers.RMSprop(0.016, rho=0.9, momentum=0.9, epsilon=1e-3,
                                        use_ema=True, ema_momentum=0.9999)
-  return method.keras_train_rate(model, optimizer, batch, image_size, 1000, steps)
+  return method.keras_image_side(model, optimizer, args.batch, args.image_size, 1000,
+                                 args.steps)
 
 
 if __name__ == "__main__":
-  method.vs_keras_main(__file__, __doc__, "EfficientNet-B0", ours, keras_peer)
+  method.main(sys.modules[__name__], __file__)

@@ -7,11 +7,18 @@ runs R rounds; each round measures every side once, the order alternating betwee
 saw the same machine. Printed: each side's median rate, and per pair the median ratio with its
 min-max over the rounds. Plain Python: the sides may be in-process callables or subprocesses.
 """
+import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+
+import numpy as np
+
+from harness.bench_table import COLUMNS     # the scripts put the repository on sys.path
 
 
 def add_repeats_arg(parser, default=5):
@@ -58,84 +65,221 @@ def report(values: dict, pairs, unit="samples/s", out=print):
     out(ratio_line(label, ratios(values, ours, peer)))
 
 
-def subprocess_rate(script: str, worker: str, flags, env) -> float:
-  """Runs `python SCRIPT --worker WORKER FLAGS` (its own process: Keras fixes its backend at
-  import) and returns the samples_per_s of the JSON line it prints last."""
-  proc = subprocess.run([sys.executable, script, "--worker", worker, *flags],
-                        capture_output=True, text=True, env=env)
-  lines = [l for l in proc.stdout.splitlines() if l.startswith("{")]
-  if proc.returncode or not lines:
-    raise SystemExit(f"{worker} failed:\n{proc.stderr[-2000:]}")
-  return json.loads(lines[-1])["samples_per_s"]
-
-
 def backend_env(kind: str) -> dict:
-  """The environment of a worker: KERAS_BACKEND for 'keras-jax' / 'keras-tf' peers."""
-  import os
+  """The environment of a worker: KERAS_BACKEND for a peer on 'tf' or 'jax'."""
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-  if kind == "keras-jax":
-    env["KERAS_BACKEND"] = "jax"
-  elif kind == "keras-tf":
-    env["KERAS_BACKEND"] = "tensorflow"
+  if kind.startswith("peer-"):
+    env["KERAS_BACKEND"] = "jax" if kind == "peer-jax" else "tensorflow"
   return env
 
 
-def keras_train_rate(model, optimizer, batch: int, image_size: int, classes: int,
-                     steps: int) -> float:
-  """Samples/s of Keras' own compiled train step (train_on_batch, jit_compile) on one fixed
-  random batch, timed after two warm-up steps, synced once at the end."""
-  import keras
+# ---------------------------------------------------------------- one side a process, kept alive
+def serve(make):
+  """A worker's side: `make()` -> (measure, flops_per_sample or None) builds and compiles once;
+  then every 'measure' line on stdin is answered with one JSON line {"samples_per_s": v}."""
+  measure, flops = make()
+  print(json.dumps({"ready": True, "flops_per_sample": flops}), flush=True)
+  for line in sys.stdin:
+    if line.strip() != "measure":
+      break
+    print(json.dumps({"samples_per_s": float(measure())}), flush=True)
+
+
+class Worker:
+  """`python SCRIPT --worker KIND FLAGS` (its own process: Keras fixes its backend at import),
+  kept alive between rounds so each side compiles once; measure() asks it for one timing."""
+
+  def __init__(self, script: str, kind: str, flags, env):
+    self.kind = kind
+    self.stderr = tempfile.TemporaryFile("w+")       # a file: a full pipe would block the worker
+    self.proc = subprocess.Popen([sys.executable, script, "--worker", kind, *flags],
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                 stderr=self.stderr, text=True, env=env)
+    self.flops_per_sample = self._answer()["flops_per_sample"]
+
+  def _answer(self) -> dict:
+    for line in self.proc.stdout:
+      if line.startswith("{"):
+        return json.loads(line)
+    self.proc.wait()
+    self.stderr.seek(0)
+    raise SystemExit(f"{self.kind} failed (exit {self.proc.returncode}):\n"
+                     f"{self.stderr.read()[-3000:]}")
+
+  def measure(self) -> float:
+    self.proc.stdin.write("measure\n")
+    self.proc.stdin.flush()
+    return self._answer()["samples_per_s"]
+
+  def close(self):
+    if self.proc.poll() is None:
+      self.proc.stdin.close()
+      self.proc.wait()
+    self.stderr.close()
+
+
+# ---------------------------------------------------------------- what a side measures
+def timed(step, sync, batch: int, steps: int):
+  """() -> samples/s of `steps` calls of step(), synced once at the end by sync(last output)."""
+  def measure():
+    start = time.perf_counter()
+    for _ in range(steps):
+      out = step()
+    sync(out)
+    return steps * batch / (time.perf_counter() - start)
+  return measure
+
+
+def trainer_side(trainer, batch: int, steps: int):
+  """One of our trainers on its synthetic data: -> (measure, model FLOPs per sample). The
+  trainer is initialised and run once (data setup, warm caches); a measure is one
+  trainer.train(steps), one host sync. FLOPs: `describe`'s train_flops_per_example (TF: the
+  graph profiler's count of the train step), None where describe has none."""
+  trainer.init()
+  trainer.train(1)
+  flops = trainer.describe().get("train_flops_per_example")
+  def measure():
+    start = time.perf_counter()
+    trainer.train(steps)                               # returns after its one host sync
+    return steps * batch / (time.perf_counter() - start)
+  return measure, (float(flops) if flops and flops == flops else None)
+
+
+def keras_side(model, x, y, batch: int, steps: int, sample_weight=None, train_on_batch=None):
+  """A compiled Keras model's own train step (train_on_batch) on one fixed batch:
+  -> (measure, FLOPs per sample). The model is compiled by the caller (jit_compile=True) and
+  stepped twice before timing. FLOPs are counted as ours are, by TF's graph profiler of one
+  train step (Keras' train_step traced), on the TF backend only (None on JAX: the models are
+  the same on both backends)."""
   import numpy as np
+  step = train_on_batch or (lambda: model.train_on_batch(x, y, sample_weight=sample_weight))
+  step()                                                # compile
+  step()
+  sync = lambda out: float(np.asarray(out).ravel()[0])  # noqa: E731
+  flops = None
+  if os.environ.get("KERAS_BACKEND", "tensorflow") == "tensorflow":
+    data = (x, y) if sample_weight is None else (x, y, sample_weight)
+    flops = keras_step_flops(model, data) / batch
+  return timed(step, sync, batch, steps), flops
+
+
+def keras_step_flops(model, data) -> float:
+  """Floating-point ops of one Keras train step on `data`, by the graph profiler that counts
+  ours (workloads/parallel/tf_flops.graph_flops, Einsum included)."""
+  import tensorflow as tf
+  from workloads.parallel.tf_flops import graph_flops
+  specs = tf.nest.map_structure(lambda a: tf.TensorSpec(np.shape(a), tf.as_dtype(np.asarray(a).dtype)),
+                                data)
+  return graph_flops(tf.function(model.train_step), specs)
+
+
+def keras_image_side(model, optimizer, batch: int, image_size: int, classes: int, steps: int):
+  """An image classifier's Keras side: sparse cross entropy on softmax outputs, one fixed
+  random batch (float32 images, integer labels)."""
+  import keras
   model.compile(optimizer=optimizer,
                 loss=keras.losses.SparseCategoricalCrossentropy(from_logits=False),
                 jit_compile=True)
   rng = np.random.default_rng(0)
   x = rng.normal(size=(batch, image_size, image_size, 3)).astype("float32")
   y = rng.integers(0, classes, batch)
-  model.train_on_batch(x, y)                           # compile
-  model.train_on_batch(x, y)
-  start = time.perf_counter()
-  for _ in range(steps):
-    loss = model.train_on_batch(x, y)
-  float(np.asarray(loss).ravel()[0])                   # sync
-  return steps * batch / (time.perf_counter() - start)
+  return keras_side(model, x, y, batch, steps)
 
 
-def trainer_rate(trainer, batch: int, steps: int) -> float:
-  """Samples/s of one of our trainers on its synthetic data, timed after init and one call."""
-  trainer.init()
-  trainer.train(1)                                     # first call: data setup, warm caches
-  start = time.perf_counter()
-  trainer.train(steps)                                 # returns after its one host sync
-  return steps * batch / (time.perf_counter() - start)
+# ---------------------------------------------------------------- a peer comparison
+# The table's columns: harness/bench_table.py (bench/all.py writes them as CSV; `report --bench`
+# draws them). A row
+# compares ours with the peer on one framework ('tf', 'jax'), or ours on TF with ours on JAX
+# ('tf/jax'); GFLOP columns: model FLOPs per sample, counted on each side by TF's graph
+# profiler of one train step; model_flop_ratio = ratio_median x ours / peer GFLOP.
+FRAMEWORKS = ("tf", "jax")
 
 
-def vs_keras_main(script: str, doc: str, model_name: str, ours, keras_peer):
-  """The command line of a `<model>_vs_keras.py` bench: four sides, ours and the
-  keras.applications peer on each backend, each in its own process (`--worker`), interleaved;
-  ours(framework, batch, image_size, steps) and keras_peer(batch, image_size, steps) return
-  samples/s."""
-  import argparse
-  p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
-  p.add_argument("--batch", type=int, default=32)
-  p.add_argument("--image-size", type=int, default=224)
-  p.add_argument("--steps", type=int, default=10)
-  p.add_argument("--worker", choices=["ours-tf", "ours-jax", "keras-tf", "keras-jax"])
+def bench_args(bench, argv=None, worker=True):
+  """The arguments of a bench module: its own (bench.add_args), --repeats, --frameworks, and
+  --worker for the processes it starts."""
+  p = argparse.ArgumentParser(description=bench.__doc__.split("\n\n")[0])
+  bench.add_args(p)
+  own = [a.dest for a in p._actions if a.dest != "help"]          # what a worker is given
   add_repeats_arg(p)
-  args = p.parse_args()
+  p.add_argument("--frameworks", default="tf,jax",
+                 help="comma-separated, of tf and jax (default both)")
+  if worker:
+    p.add_argument("--worker", choices=[f"{s}-{f}" for s in ("ours", "peer") for f in FRAMEWORKS])
+  args = p.parse_args(argv)
+  frameworks = args.frameworks.split(",")
+  bad = [f for f in frameworks if f not in FRAMEWORKS]
+  if bad or not frameworks:
+    p.error(f"--frameworks {args.frameworks}: allowed: tf, jax or tf,jax")
+  args.frameworks = [f for f in FRAMEWORKS if f in frameworks]
+  if hasattr(bench, "check_args"):
+    bench.check_args(p, args)
+  args.own_flags = [f"--{d.replace('_', '-')}={getattr(args, d)}" for d in own]
+  return args
+
+
+def compare(bench, script: str, args, log=print) -> list:
+  """Ours against the peer on each of args.frameworks, each side its own kept-alive worker
+  process, interleaved over args.repeats rounds: -> the table's rows (COLUMNS)."""
+  kinds = [f"{s}-{f}" for f in args.frameworks for s in ("ours", "peer")]
+  workers = {}
+  try:
+    for kind in kinds:                  # one after another: a compile has the machine to itself
+      log(f"  starting {kind} ...")
+      workers[kind] = Worker(script, kind, args.own_flags, backend_env(kind))
+    values = interleaved({k: w.measure for k, w in workers.items()}, args.repeats, log=log)
+  finally:
+    for w in workers.values():
+      w.close()
+  flops = {s: next((workers[f"{s}-{f}"].flops_per_sample for f in args.frameworks
+                    if workers[f"{s}-{f}"].flops_per_sample), None) for s in ("ours", "peer")}
+  gflop = {s: flops[s] / 1e9 if flops[s] else None for s in flops}
+
+  def row(framework, ours, peer, peer_name, peer_gflop):
+    median, low, high = summary(ratios(values, ours, peer))
+    flop_ratio = (median * gflop["ours"] / peer_gflop if gflop["ours"] and peer_gflop else None)
+    return {"workload": bench.WORKLOAD, "framework": framework,
+            "ours_samples_per_s": statistics.median(values[ours]), "peer": peer_name,
+            "peer_samples_per_s": statistics.median(values[peer]), "ratio_median": median,
+            "ratio_min": low, "ratio_max": high, "ours_gflop_per_sample": gflop["ours"],
+            "peer_gflop_per_sample": peer_gflop, "model_flop_ratio": flop_ratio, "mfu": None}
+
+  rows = [row(f, f"ours-{f}", f"peer-{f}", bench.peer_name(args), gflop["peer"])
+          for f in args.frameworks]
+  if len(args.frameworks) == 2:
+    rows.append(row("tf/jax", "ours-tf", "ours-jax", "ours (JAX)", gflop["ours"]))
+  return rows
+
+
+def fmt(value, spec):
+  return "" if value is None or value != value else format(value, spec)
+
+
+def table(rows) -> str:
+  """The rows as a fixed-width text table."""
+  lines = [f"{'workload':13s} {'framework':9s} {'ours/s':>9s} {'peer/s':>9s} "
+           f"{'ratio median [min, max]':>25s} {'GFLOP ours':>10s} {'GFLOP peer':>10s} "
+           f"{'FLOP ratio':>10s}  peer"]
+  for r in rows:
+    interval = (f"{r['ratio_median']:.3f} [{r['ratio_min']:.3f}, {r['ratio_max']:.3f}]"
+                if r["ratio_median"] is not None else "")
+    lines.append(f"{r['workload']:13s} {r['framework']:9s} "
+                 f"{fmt(r['ours_samples_per_s'], '9.2f'):>9s} "
+                 f"{fmt(r['peer_samples_per_s'], '9.2f'):>9s} {interval:>25s} "
+                 f"{fmt(r['ours_gflop_per_sample'], '10.3f'):>10s} "
+                 f"{fmt(r['peer_gflop_per_sample'], '10.3f'):>10s} "
+                 f"{fmt(r['model_flop_ratio'], '10.3f'):>10s}  {r['peer'] or ''}"
+                 + (f"  MFU {r['mfu']:.3f}" if r.get("mfu") is not None else ""))
+  return "\n".join(lines)
+
+
+def main(bench, script: str):
+  """The command line of one `<model>_vs_<peer>.py` bench: a worker when --worker is given,
+  else the interleaved comparison and its table."""
+  args = bench_args(bench)
   if args.worker:
-    if args.worker.startswith("ours"):
-      value = ours(args.worker.split("-")[1], args.batch, args.image_size, args.steps)
-    else:
-      value = keras_peer(args.batch, args.image_size, args.steps)
-    print(json.dumps({"samples_per_s": value}))
+    side, framework = args.worker.split("-")
+    serve(lambda: bench.ours(framework, args) if side == "ours" else bench.peer(args))
     return
-  print(f"{model_name} training step, batch {args.batch}, {args.image_size}x{args.image_size}, "
-        f"{args.steps} timed steps, float32")
-  flags = ["--batch", str(args.batch), "--image-size", str(args.image_size),
-           "--steps", str(args.steps)]
-  kinds = ("ours-tf", "keras-tf", "ours-jax", "keras-jax")
-  values = interleaved({k: (lambda k=k: subprocess_rate(script, k, flags, backend_env(k)))
-                        for k in kinds}, args.repeats)
-  report(values, [("TF  (ours / keras.applications, TF backend)", "ours-tf", "keras-tf"),
-                  ("JAX (ours / keras.applications, JAX backend)", "ours-jax", "keras-jax")])
+  print(bench.title(args))
+  print(table(compare(bench, script, args)))

@@ -31,30 +31,54 @@ own process (Keras picks its backend at import). Needs the bench extras:
 pip install --no-deps -r bench/requirements.txt
 
   python bench/ssd_vs_keras_hub.py [--batch 32] [--image-size 320] [--steps 10] [--repeats 5]
+                                   [--frameworks tf,jax]
 
-The four measurements are interleaved over --repeats rounds (bench/method.py); the ratios are
-medians of per-round ratios, with their min-max.
+Each side runs in its own process, kept alive between the --repeats interleaved rounds
+(bench/method.py); ratios are medians of per-round ratios with their min-max; model FLOPs per
+sample are counted on both sides by TF's graph profiler (the peer's count includes its
+in-step box matching).
 """
-import argparse
-import json
 import os
 import sys
-import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from bench import method  # noqa: E402  pylint: disable=wrong-import-position
 
 BOXES_PER_IMAGE = 4
+WORKLOAD = "ssd"
+SMALL = ["--batch=4", "--image-size=288", "--steps=3"]       # bench/all.py's size
 
 
-def ours(framework, batch, size, steps):
+def add_args(p):
+  p.add_argument("--batch", type=int, default=32)
+  p.add_argument("--image-size", type=int, default=320)
+  p.add_argument("--steps", type=int, default=10)
+
+
+def check_args(p, args):
+  if args.image_size % 32 or args.image_size < 288:
+    p.error(f"--image-size {args.image_size}: allowed: a multiple of 32 from 288 (keras-hub's "
+            "FPN halves the image 5 times exactly; our extra layers need >= 257 px)")
+
+
+def peer_name(args):
+  return "keras-hub RetinaNet-ResNet34-FPN (another detector)"
+
+
+def title(args):
+  return (f"SSD-ResNet34 vs keras-hub RetinaNet-ResNet34-FPN training step, batch {args.batch}, "
+          f"{args.image_size}x{args.image_size}, {args.steps} timed steps, float32")
+
+
+def ours(framework, args):
   from harness.workload import RunContext
   from workloads.ssd import spec
-  cfg = spec.SPEC.configure("synthetic", [f"train.global_batch_size={batch}",
-                                          f"data.image_size={size}", "train.precision=float32"])
+  cfg = spec.SPEC.configure("synthetic", [f"train.global_batch_size={args.batch}",
+                                          f"data.image_size={args.image_size}",
+                                          "train.precision=float32"])
   trainer = spec.SPEC.make_trainer(framework, cfg, RunContext(seed=0, preset="synthetic"))
-  return method.trainer_rate(trainer, batch, steps)
+  return method.trainer_side(trainer, args.batch, args.steps)
 
 
 def random_boxes(rng, batch, size):
@@ -67,10 +91,11 @@ def random_boxes(rng, batch, size):
           "labels": rng.integers(0, 80, (batch, BOXES_PER_IMAGE)).astype("int32")}
 
 
-def keras_hub_peer(batch, size, steps):
+def peer(args):
   import keras
   import keras_hub
   import numpy as np
+  batch, size = args.batch, args.image_size
   shape = (size, size, 3)
   resnet34 = keras_hub.models.ResNetBackbone(
       input_conv_filters=[64], input_conv_kernel_sizes=[7],
@@ -90,47 +115,8 @@ def keras_hub_peer(batch, size, steps):
   # ops.convert_to_tensor, which rejects the {"boxes", "labels"} dict that fit() and
   # compute_loss take; with no preprocessor it adds nothing else.
   step = lambda: keras.Model.train_on_batch(model, x, y)   # noqa: E731
-  step()                                                        # compile
-  step()
-  start = time.perf_counter()
-  for _ in range(steps):
-    loss = step()
-  float(np.asarray(loss).ravel()[0])                            # sync
-  return steps * batch / (time.perf_counter() - start)
-
-
-def measure(kind, args):
-  flags = [f"--batch={args.batch}", f"--image-size={args.image_size}", f"--steps={args.steps}"]
-  return method.subprocess_rate(__file__, kind, flags,
-                                method.backend_env(kind.replace("keras-hub", "keras")))
-
-
-def main():
-  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  p.add_argument("--batch", type=int, default=32)
-  p.add_argument("--image-size", type=int, default=320)
-  p.add_argument("--steps", type=int, default=10)
-  p.add_argument("--worker", choices=["ours-tf", "ours-jax", "keras-hub-tf", "keras-hub-jax"])
-  method.add_repeats_arg(p)
-  args = p.parse_args()
-  if args.image_size % 32 or args.image_size < 288:
-    p.error(f"--image-size {args.image_size}: allowed: a multiple of 32 from 288 (keras-hub's "
-            "FPN halves the image 5 times exactly; our extra layers need >= 257 px)")
-  if args.worker:
-    value = (ours(args.worker.split("-")[1], args.batch, args.image_size, args.steps)
-             if args.worker.startswith("ours")
-             else keras_hub_peer(args.batch, args.image_size, args.steps))
-    print(json.dumps({"samples_per_s": value}))
-    return
-  print(f"SSD-ResNet34 vs keras-hub RetinaNet-ResNet34-FPN training step, batch {args.batch}, "
-        f"{args.image_size}x{args.image_size}, {args.steps} timed steps, float32")
-  kinds = ("ours-tf", "keras-hub-tf", "ours-jax", "keras-hub-jax")
-  values = method.interleaved({k: (lambda k=k: measure(k, args)) for k in kinds}, args.repeats)
-  method.report(values, [("TF  (ours / keras-hub RetinaNet, TF backend)", "ours-tf",
-                          "keras-hub-tf"),
-                         ("JAX (ours / keras-hub RetinaNet, JAX backend)", "ours-jax",
-                          "keras-hub-jax")])
+  return method.keras_side(model, x, y, batch, args.steps, train_on_batch=step)
 
 
 if __name__ == "__main__":
-  main()
+  method.main(sys.modules[__name__], __file__)

@@ -16,18 +16,45 @@ Needs the bench extras: pip install --no-deps -r bench/requirements.txt
   python bench/transformer_vs_keras_hub.py [--batch 16] [--length 64] [--layers 2]
                                            [--hidden 256] [--vocab 8192] [--steps 10] [--repeats 5]
 
-The four measurements are interleaved over --repeats rounds (bench/method.py); the ratios are
-medians of per-round ratios, with their min-max.
+Each side runs in its own process, kept alive between the --repeats interleaved rounds
+(bench/method.py); ratios are medians of per-round ratios with their min-max; model FLOPs per
+sample are counted on both sides by TF's graph profiler.
 """
-import argparse
-import json
 import os
 import sys
-import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from bench import method  # noqa: E402  pylint: disable=wrong-import-position
+
+
+WORKLOAD = "transformer"
+SMALL = ["--batch=16", "--length=64", "--layers=2", "--hidden=256", "--vocab=8192",
+         "--steps=5"]                                          # bench/all.py's size
+
+
+def add_args(p):
+  p.add_argument("--batch", type=int, default=16)
+  p.add_argument("--length", type=int, default=64)
+  p.add_argument("--layers", type=int, default=2)
+  p.add_argument("--hidden", type=int, default=256)
+  p.add_argument("--vocab", type=int, default=8192)
+  p.add_argument("--steps", type=int, default=10)
+
+
+def check_args(p, args):
+  if args.hidden % 64:
+    p.error(f"--hidden {args.hidden}: allowed: a multiple of 64 (heads of 64, as Transformer-big)")
+
+
+def peer_name(args):
+  return "keras-hub TransformerEncoder/Decoder (pre-LN)"
+
+
+def title(args):
+  return (f"Transformer training step: {args.layers}+{args.layers} layers, hidden {args.hidden}, "
+          f"vocab {args.vocab}, length {args.length}, batch {args.batch}, {args.steps} timed "
+          "steps, float32")
 
 
 def ours(framework, args):
@@ -41,10 +68,10 @@ def ours(framework, args):
       "model.relu_dropout=0.0", "train.precision=float32",
       "data.packing=false"])   # a pair a row in both: keras-hub's layers have no packed masks
   trainer = spec.SPEC.make_trainer(framework, cfg, RunContext(seed=0, preset="synthetic"))
-  return method.trainer_rate(trainer, args.batch, args.steps)
+  return method.trainer_side(trainer, args.batch, args.steps)
 
 
-def keras_hub_peer(args):
+def peer(args):
   import keras
   import keras_hub
   import numpy as np
@@ -80,49 +107,8 @@ def keras_hub_peer(args):
   targets = batch["targets"]
   x = {"inputs": batch["inputs"], "decoder_inputs": np.pad(targets, ((0, 0), (1, 0)))[:, :-1]}
   weights = (targets != 0).astype("float32")
-  model.train_on_batch(x, targets, sample_weight=weights)       # compile
-  model.train_on_batch(x, targets, sample_weight=weights)
-  start = time.perf_counter()
-  for _ in range(args.steps):
-    out = model.train_on_batch(x, targets, sample_weight=weights)
-  float(np.asarray(out).ravel()[0])                             # sync
-  return args.steps * args.batch / (time.perf_counter() - start)
-
-
-def measure(kind, args):
-  flags = [f"--{k}={getattr(args, k)}" for k in ("batch", "length", "layers", "hidden", "vocab",
-                                                 "steps")]
-  env = method.backend_env("keras-jax" if kind == "keras-hub-jax" else
-                           "keras-tf" if kind == "keras-hub-tf" else kind)
-  return method.subprocess_rate(__file__, kind, flags, env)
-
-
-def main():
-  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  p.add_argument("--batch", type=int, default=16)
-  p.add_argument("--length", type=int, default=64)
-  p.add_argument("--layers", type=int, default=2)
-  p.add_argument("--hidden", type=int, default=256)
-  p.add_argument("--vocab", type=int, default=8192)
-  p.add_argument("--steps", type=int, default=10)
-  p.add_argument("--worker", choices=["ours-tf", "ours-jax", "keras-hub-tf", "keras-hub-jax"])
-  method.add_repeats_arg(p)
-  args = p.parse_args()
-  if args.hidden % 64:
-    p.error(f"--hidden {args.hidden}: allowed: a multiple of 64 (heads of 64, as Transformer-big)")
-  if args.worker:
-    value = (ours(args.worker.split("-")[1], args) if args.worker.startswith("ours")
-             else keras_hub_peer(args))
-    print(json.dumps({"samples_per_s": value}))
-    return
-  print(f"Transformer training step: {args.layers}+{args.layers} layers, hidden {args.hidden}, "
-        f"vocab {args.vocab}, length {args.length}, batch {args.batch}, {args.steps} timed "
-        "steps, float32")
-  kinds = ("ours-tf", "keras-hub-tf", "ours-jax", "keras-hub-jax")
-  values = method.interleaved({k: (lambda k=k: measure(k, args)) for k in kinds}, args.repeats)
-  method.report(values, [("TF  (ours / keras-hub, TF backend)", "ours-tf", "keras-hub-tf"),
-                         ("JAX (ours / keras-hub, JAX backend)", "ours-jax", "keras-hub-jax")])
+  return method.keras_side(model, x, targets, args.batch, args.steps, sample_weight=weights)
 
 
 if __name__ == "__main__":
-  main()
+  method.main(sys.modules[__name__], __file__)

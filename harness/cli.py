@@ -133,10 +133,13 @@ def build_parser():
                      description="Render result CSVs (and the logs their rows point to) into "
                                  "one self-contained HTML page: olympic scores, eval curves with "
                                  "the target, time-to-train per run, history across commits, "
-                                 "and with --baseline a baseline-vs-new comparison.")
-  p.add_argument("csvs", nargs="+", metavar="CSV", help="result CSVs (the last is 'new')")
+                                 "and with --baseline a baseline-vs-new comparison; with --bench "
+                                 "the peer-comparison table of bench/all.py.")
+  p.add_argument("csvs", nargs="*", metavar="CSV", help="result CSVs (the last is 'new')")
   p.add_argument("--out", default="report", help="output folder (writes index.html)")
   p.add_argument("--baseline", help="baseline result CSV to compare the last CSV against")
+  p.add_argument("--bench", metavar="FILE",
+                 help="a bench/all.py table (CSV): ours against the peers, drawn and listed")
   p.add_argument("--threshold", type=_fraction, default=0.05,
                  help="regression threshold for the comparison (default 0.05)")
 
@@ -492,7 +495,7 @@ def cmd_compare(args):
 
 def cmd_report(args):
   from harness import report
-  path = report.write(args.csvs, args.out, args.baseline, args.threshold)
+  path = report.write(args.csvs, args.out, args.baseline, args.threshold, args.bench)
   print(f"report written to {path}")
   return 0
 

@@ -16,7 +16,7 @@ matplotlib.use("Agg")                    # no display; must precede pyplot
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from harness import compare, registry, results, summarize  # noqa: E402
+from harness import bench_table, compare, registry, results, summarize  # noqa: E402
 from harness.errors import UsageError  # noqa: E402
 
 GROUP = ["system", "mlperf_benchmark", "workload", "framework", "preset"]
@@ -147,6 +147,34 @@ def _compare_plot(table):
   return _png(fig)
 
 
+def _bench_plot(bench):
+  """Per workload and framework: ours / peer, the median with its min-max over the rounds, and
+  the model-FLOP ratio beside it; the line at 1.0 is parity."""
+  rows = bench[bench["ratio_median"].notna()]
+  fig, ax = plt.subplots(figsize=(max(6, 0.7 * len(rows)), 3.2))
+  xs = list(range(len(rows)))
+  median = rows["ratio_median"]
+  ax.bar([x - 0.2 for x in xs], median, width=0.4, label="samples/s ours / peer",
+         yerr=[median - rows["ratio_min"], rows["ratio_max"] - median], capsize=3)
+  ax.bar([x + 0.2 for x in xs], rows["model_flop_ratio"].fillna(0), width=0.4,
+         label="model-FLOP rate ours / peer")
+  ax.axhline(1.0, color="black", linewidth=0.8)
+  ax.set_xticks(xs, [f"{w}\n{f}" for w, f in zip(rows["workload"], rows["framework"])],
+                fontsize=7)
+  ax.set_title("Training step against the peer (median, min-max over interleaved rounds)")
+  ax.legend(fontsize=7)
+  return _png(fig)
+
+
+def _bench_section(path):
+  bench = bench_table.read(path)
+  parts = [f"<h2 id='bench'>Throughput against peers</h2><p>From {html.escape(path)} "
+           "(bench/all.py)</p>"]
+  if bench["ratio_median"].notna().any():
+    parts.append(_img(_bench_plot(bench), "ours against the peers"))
+  return parts + [_table(bench, value_columns=bench_table.NUMBERS)]
+
+
 def _table(frame, value_columns=()):
   """An HTML table; numeric cells in value_columns carry their exact value in data-value."""
   head = "".join(f"<th>{html.escape(str(c))}</th>" for c in frame.columns)
@@ -163,8 +191,21 @@ def _table(frame, value_columns=()):
   return f"<table><tr>{head}</tr>{''.join(rows)}</table>"
 
 
-def render(csv_paths: list[str], baseline: str | None = None, threshold: float = 0.05) -> str:
-  """The page's HTML."""
+def render(csv_paths: list[str], baseline: str | None = None, threshold: float = 0.05,
+           bench: str | None = None) -> str:
+  """The page's HTML: the result CSVs' sections, then the bench table's (either may be absent)."""
+  parts = _results_sections(csv_paths, baseline, threshold) if csv_paths else []
+  if bench:
+    parts += _bench_section(bench)
+  style = ("body{font-family:sans-serif;max-width:1000px;margin:auto}table{border-collapse:"
+           "collapse;font-size:12px}td,th{border:1px solid #ccc;padding:2px 6px}")
+  sources = ", ".join(html.escape(p) for p in csv_paths + ([bench] if bench else []))
+  return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>Benchmark report</title>"
+          f"<style>{style}</style></head><body><h1>Benchmark report</h1><p>From {sources}</p>"
+          + "\n".join(parts) + "</body></html>")
+
+
+def _results_sections(csv_paths, baseline, threshold) -> list:
   frames = []
   for path in csv_paths:
     frame = results.read_csv(path)
@@ -198,19 +239,20 @@ def render(csv_paths: list[str], baseline: str | None = None, threshold: float =
   runs = frame[["run_id", "started_at", "workload", "framework", "preset", "status",
                 "time_to_train_s", "throughput", "git_commit"]]
   parts += ["<h2>Runs</h2>", _table(runs)]
-  style = ("body{font-family:sans-serif;max-width:1000px;margin:auto}table{border-collapse:"
-           "collapse;font-size:12px}td,th{border:1px solid #ccc;padding:2px 6px}")
-  sources = ", ".join(html.escape(p) for p in csv_paths)
-  return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>Benchmark report</title>"
-          f"<style>{style}</style></head><body><h1>Benchmark report</h1><p>From {sources}</p>"
-          + "\n".join(parts) + "</body></html>")
+  return parts
 
 
-def write(csv_paths, out_dir, baseline=None, threshold=0.05) -> str:
+def write(csv_paths, out_dir, baseline=None, threshold=0.05, bench=None) -> str:
+  if not csv_paths and not bench:
+    raise UsageError("report: no input; allowed: result CSVs, --bench FILE, or both")
+  if baseline and not csv_paths:
+    raise UsageError("--baseline needs a result CSV to compare against it")
   for path in csv_paths + ([baseline] if baseline else []):
     if not os.path.isfile(path):
       raise UsageError(f"{path!r}: no such result CSV")
-  page = render(csv_paths, baseline, threshold)      # all reading done before anything is written
+  if bench and not os.path.isfile(bench):
+    raise UsageError(f"--bench {bench!r}: no such file")
+  page = render(csv_paths, baseline, threshold, bench)   # all reading before anything is written
   try:
     os.makedirs(out_dir, exist_ok=True)
     path = os.path.join(out_dir, "index.html")

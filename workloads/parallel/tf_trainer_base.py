@@ -39,6 +39,7 @@ from harness.workload import is_synthetic
 from workloads.common import moe
 from workloads.common.batching import eval_batches_per_host, host_batch_size
 from workloads.parallel import tf_layers, tf_model_parallel, tf_pipeline, tf_runtime
+from workloads.parallel.tf_flops import graph_flops
 
 
 class StrategyTrainer:
@@ -406,16 +407,3 @@ class StrategyTrainer:
                                                self.runtime.collective_bytes.items()}
     return out
 
-
-def graph_flops(function, specs):
-  """Floating-point ops of one traced train step (TF's graph profiler: what tf.function runs)."""
-  graph = function.get_concrete_function(specs).graph
-  opts = tf.compat.v1.profiler.ProfileOptionBuilder.float_operation()
-  opts["output"] = "none"
-  verbosity = tf.get_logger().level
-  tf.get_logger().setLevel("ERROR")         # the v1 profiler warns that it is a v1 API
-  try:
-    info = tf.compat.v1.profiler.profile(graph, options=opts)
-  finally:
-    tf.get_logger().setLevel(verbosity)
-  return float(info.total_float_ops) if info else float("nan")

@@ -3,8 +3,9 @@ jax_model.py, so parameters convert one to one (tf_layers.load_flax_variables: a
 weights is named by its flax module path).
 
 v1.5: the stride of a downsampling bottleneck sits on its 3x3 conv. Convs have no bias; 3x3 and
-7x7 convs pad symmetrically (ZeroPadding2D then VALID), as the MLPerf TF reference's
-`fixed_padding` does. At stage_sizes=(3, 4, 6, 3), width=64, 1000 classes: 25,557,032 params.
+7x7 convs pad symmetrically, as the MLPerf TF reference's `fixed_padding` does, inside the conv
+op (tf_layers.PaddedConv2D: a separate pad op cost a sixth of the step). At
+stage_sizes=(3, 4, 6, 3), width=64, 1000 classes: 25,557,032 params.
 
 Given a tf_runtime.StrategyRuntime with several replicas, batch norm pools statistics across
 replicas (groups of bn_group_size) and, under spatial partitioning, the model sees a slab of
@@ -30,13 +31,17 @@ def _conv(filters, kernel, strides=1, name=None, dtype=None):
                        kernel_initializer=conv_init(), name=name, dtype=dtype)
 
 
+def _padded_conv(lay, pad, filters, kernel, strides, name):
+  return lay.padded_conv(pad, filters, kernel, strides, use_bias=False,
+                         kernel_initializer=conv_init(), name=name, dtype=lay.dtype)
+
+
 def _bottleneck(x, filters, strides, prefix, lay):
   dtype = lay.dtype
   residual = x
   y = _conv(filters, 1, name=f"{prefix}.Conv_0", dtype=dtype)(x)
   y = layers.ReLU(dtype=dtype)(lay.bn(f"{prefix}.BatchNorm_0")(y))
-  y = lay.pad(1)(y)
-  y = _conv(filters, 3, strides, name=f"{prefix}.Conv_1", dtype=dtype)(y)
+  y = _padded_conv(lay, 1, filters, 3, strides, f"{prefix}.Conv_1")(y)
   y = layers.ReLU(dtype=dtype)(lay.bn(f"{prefix}.BatchNorm_1")(y))
   y = _conv(filters * 4, 1, name=f"{prefix}.Conv_2", dtype=dtype)(y)
   y = lay.bn(f"{prefix}.BatchNorm_2", zero_init=True)(y)   # each block starts as identity
@@ -64,8 +69,7 @@ def build(cfg, dtype="float32", runtime=None) -> keras.Model:
   rows = image_size // (runtime.spatial if runtime is not None else 1)
   io_dtype = "float64" if dtype == "float64" else "float32"     # logits in float32 otherwise
   inputs = keras.Input((rows, image_size, 3), dtype=io_dtype)
-  x = lay.pad(3)(inputs)
-  x = _conv(width, 7, 2, name="stem_conv", dtype=dtype)(x)
+  x = _padded_conv(lay, 3, width, 7, 2, "stem_conv")(inputs)
   x = layers.ReLU(dtype=dtype)(lay.bn("stem_bn")(x))
   x = lay.max_pool(x, image_size // 2)
   blocks = iter(block_names(stage_sizes))

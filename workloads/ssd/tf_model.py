@@ -29,11 +29,17 @@ def _conv(filters, kernel, strides=1, name=None, dtype=None):
                        kernel_initializer=backbone_init(), name=name, dtype=dtype)
 
 
+def _padded_conv(lay, pad, filters, kernel, strides, name):
+  """A symmetric zero pad then VALID, as torchvision's convs; in the conv op (tf_layers)."""
+  return lay.padded_conv(pad, filters, kernel, strides, use_bias=False,
+                         kernel_initializer=backbone_init(), name=name, dtype=lay.dtype)
+
+
 def _basic_block(x, filters, strides, project, prefix, lay):
   dtype = lay.dtype
-  y = _conv(filters, 3, strides, f"{prefix}.conv1", dtype)(lay.pad(1)(x))
+  y = _padded_conv(lay, 1, filters, 3, strides, f"{prefix}.conv1")(x)
   y = layers.ReLU(dtype=dtype)(lay.bn(f"{prefix}.bn1")(y))
-  y = _conv(filters, 3, 1, f"{prefix}.conv2", dtype)(lay.pad(1)(y))
+  y = _padded_conv(lay, 1, filters, 3, 1, f"{prefix}.conv2")(y)
   y = lay.bn(f"{prefix}.bn2")(y)
   if project:
     x = lay.bn(f"{prefix}.downsample_bn")(_conv(filters, 1, strides, f"{prefix}.downsample_conv",
@@ -42,12 +48,10 @@ def _basic_block(x, filters, strides, project, prefix, lay):
 
 
 def _head_conv(x, filters, kernel, stride, pad, name, dtype):
-  if pad:
-    x = layers.ZeroPadding2D(pad, dtype=dtype)(x)
   c_in = x.shape[-1]
-  return layers.Conv2D(filters, kernel, strides=stride, padding="valid", name=name, dtype=dtype,
-                       kernel_initializer=head_init(),
-                       bias_initializer=torch_bias_init(c_in * kernel * kernel))(x)
+  return tf_layers.PaddedConv2D(filters, kernel, pad, strides=stride, name=name, dtype=dtype,
+                                kernel_initializer=head_init(),
+                                bias_initializer=torch_bias_init(c_in * kernel * kernel))(x)
 
 
 def _by_anchor(x, per_anchor, k, dtype):
@@ -67,7 +71,7 @@ def build(cfg, dtype="float32", runtime=None) -> keras.Model:
   io_dtype = "float64" if dtype == "float64" else "float32"
   spatial = runtime.spatial if runtime is not None else 1
   inputs = keras.Input((size // spatial, size, 3), dtype=io_dtype)   # this replica's row slab
-  x = _conv(m.backbone_width, 7, 2, "conv1", dtype)(lay.pad(3)(inputs))
+  x = _padded_conv(lay, 3, m.backbone_width, 7, 2, "conv1")(inputs)
   x = layers.ReLU(dtype=dtype)(lay.bn("bn1")(x))
   # torchvision pads the max pool with -inf; after a ReLU, zero padding gives the same maxima
   x = layers.MaxPooling2D(3, 2, padding="valid", dtype=dtype)(lay.pad(1)(x))
