@@ -75,9 +75,12 @@ def backend_env(kind: str) -> dict:
 
 # ---------------------------------------------------------------- one side a process, kept alive
 def serve(make):
-  """A worker's side: `make()` -> (measure, flops_per_sample or None) builds and compiles once;
-  then every 'measure' line on stdin is answered with one JSON line {"samples_per_s": v}."""
+  """A worker's side: `make()` -> (measure, flops_per_sample or None) builds and compiles once,
+  and one measure runs untimed (a side's first timed call ran up to a third slower: buffers
+  first allocated, caches cold); then every 'measure' line on stdin is answered with one JSON
+  line {"samples_per_s": v}."""
   measure, flops = make()
+  measure()
   print(json.dumps({"ready": True, "flops_per_sample": flops}), flush=True)
   for line in sys.stdin:
     if line.strip() != "measure":
@@ -133,11 +136,12 @@ def timed(step, sync, batch: int, steps: int):
 def trainer_side(trainer, batch: int, steps: int):
   """One of our trainers on its synthetic data: -> (measure, model FLOPs per sample). The
   trainer is initialised and run once (data setup, warm caches); a measure is one
-  trainer.train(steps), one host sync. FLOPs: `describe`'s train_flops_per_example (TF: the
-  graph profiler's count of the train step), None where describe has none."""
+  trainer.train(steps), one host sync. FLOPs: `describe`'s model_flops_per_example (TF: 3 x
+  the forward matmuls and convs of the traced train step, tf_flops.model_flops), None on JAX
+  (its describe has XLA's whole-program count instead)."""
   trainer.init()
   trainer.train(1)
-  flops = trainer.describe().get("train_flops_per_example")
+  flops = trainer.describe().get("model_flops_per_example")
   def measure():
     start = time.perf_counter()
     trainer.train(steps)                               # returns after its one host sync
@@ -148,9 +152,9 @@ def trainer_side(trainer, batch: int, steps: int):
 def keras_side(model, x, y, batch: int, steps: int, sample_weight=None, train_on_batch=None):
   """A compiled Keras model's own train step (train_on_batch) on one fixed batch:
   -> (measure, FLOPs per sample). The model is compiled by the caller (jit_compile=True) and
-  stepped twice before timing. FLOPs are counted as ours are, by TF's graph profiler of one
-  train step (Keras' train_step traced), on the TF backend only (None on JAX: the models are
-  the same on both backends)."""
+  stepped twice before timing. FLOPs are counted as ours are (tf_flops.model_flops of Keras'
+  train_step traced), on the TF backend only (None on JAX: the models are the same on both
+  backends)."""
   import numpy as np
   step = train_on_batch or (lambda: model.train_on_batch(x, y, sample_weight=sample_weight))
   step()                                                # compile
@@ -164,13 +168,13 @@ def keras_side(model, x, y, batch: int, steps: int, sample_weight=None, train_on
 
 
 def keras_step_flops(model, data) -> float:
-  """Floating-point ops of one Keras train step on `data`, by the graph profiler that counts
-  ours (workloads/parallel/tf_flops.graph_flops, Einsum included)."""
+  """Model FLOPs of one Keras train step on `data`, counted as ours are
+  (workloads/parallel/tf_flops.model_flops: 3 x the forward matmuls and convs)."""
   import tensorflow as tf
-  from workloads.parallel.tf_flops import graph_flops
-  specs = tf.nest.map_structure(lambda a: tf.TensorSpec(np.shape(a), tf.as_dtype(np.asarray(a).dtype)),
-                                data)
-  return graph_flops(tf.function(model.train_step), specs)
+  from workloads.parallel.tf_flops import model_flops
+  spec = lambda a: tf.TensorSpec(np.shape(a), tf.as_dtype(np.asarray(a).dtype))  # noqa: E731
+  specs = tf.nest.map_structure(spec, data)
+  return model_flops(tf.function(model.train_step).get_concrete_function(specs).graph)
 
 
 def keras_image_side(model, optimizer, batch: int, image_size: int, classes: int, steps: int):
@@ -190,8 +194,8 @@ def keras_image_side(model, optimizer, batch: int, image_size: int, classes: int
 # The table's columns: harness/bench_table.py (bench/all.py writes them as CSV; `report --bench`
 # draws them). A row
 # compares ours with the peer on one framework ('tf', 'jax'), or ours on TF with ours on JAX
-# ('tf/jax'); GFLOP columns: model FLOPs per sample, counted on each side by TF's graph
-# profiler of one train step; model_flop_ratio = ratio_median x ours / peer GFLOP.
+# ('tf/jax'); GFLOP columns: model FLOPs per sample, counted on each side from one traced TF
+# train step (tf_flops.model_flops); model_flop_ratio = ratio_median x ours / peer GFLOP.
 FRAMEWORKS = ("tf", "jax")
 
 
@@ -222,10 +226,11 @@ def compare(bench, script: str, args, log=print) -> list:
   """Ours against the peer on each of args.frameworks, each side its own kept-alive worker
   process, interleaved over args.repeats rounds: -> the table's rows (COLUMNS)."""
   kinds = [f"{s}-{f}" for f in args.frameworks for s in ("ours", "peer")]
+  say = log or (lambda line: None)
   workers = {}
   try:
     for kind in kinds:                  # one after another: a compile has the machine to itself
-      log(f"  starting {kind} ...")
+      say(f"  starting {kind} ...")
       workers[kind] = Worker(script, kind, args.own_flags, backend_env(kind))
     values = interleaved({k: w.measure for k, w in workers.items()}, args.repeats, log=log)
   finally:

@@ -5,7 +5,8 @@ the report reads it.
 
 Columns: samples/s of each side (medians over interleaved rounds), the per-round ratio ours /
 peer as median, min, max; model FLOPs per sample of each side (GFLOP, counted the same way on
-both) and the ratio of model-FLOP rates (ratio_median x ours / peer GFLOP); MFU for GPU rows.
+both: 3 x the forward matmuls and convs of a traced train step) and the ratio of model-FLOP
+rates (ratio_median x ours / peer GFLOP); MFU for GPU rows.
 """
 import pandas as pd
 

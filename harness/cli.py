@@ -364,6 +364,9 @@ def cmd_describe(args):
       f"{flops:.4g}" if flops is not None else
       "not compiled (the mesh has more devices than this machine)" if "layout" in info else
       "not profiled across TF replicas (describe on 1 device)"))
+  if info.get("model_flops_per_example") is not None:     # TF: 3 x forward matmuls and convs
+    print(f"model FLOPs per example:  {info['model_flops_per_example']:.4g} "
+          "(3 x the forward matmuls and convs)")
   print(f"global batch size:        {gbs}")
   print(f"{args.cluster.line().replace('cluster: ', 'cluster:                  ', 1)}")
   print(f"optimizer:                {opt.summary()}")

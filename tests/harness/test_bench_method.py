@@ -30,3 +30,112 @@ def test_rounds_alternate_the_order_and_ratios_pair_within_a_round():
 def test_at_least_one_round():
   with pytest.raises(ValueError, match="--repeats 0"):
     method.interleaved({"a": lambda: 1.0}, 0)
+
+
+FAKE_BENCH = '''"""A bench whose sides report fixed rates: the worker protocol and the table, no framework."""
+import os
+import sys
+sys.path.insert(0, {root!r})
+from bench import method
+
+WORKLOAD = "fake"
+
+
+def add_args(p):
+  p.add_argument("--rate", type=float, default=10.0)
+
+
+def peer_name(args):
+  return "the peer"
+
+
+def title(args):
+  return "fake"
+
+
+def ours(framework, args):
+  # the first answer is the untimed warm-up call's, never reported
+  rates = iter([99.0, args.rate, 2 * args.rate, 3 * args.rate] if framework == "tf" else
+               [99.0] + [args.rate] * 3)
+  return (lambda: next(rates)), (4e9 if framework == "tf" else None)
+
+
+def peer(args):
+  backend = os.environ["KERAS_BACKEND"]
+  return (lambda: args.rate / 2 if backend == "tensorflow" else args.rate), (
+      2e9 if backend == "tensorflow" else None)
+
+
+if __name__ == "__main__":
+  method.main(sys.modules[__name__], __file__)
+'''
+
+
+def test_compare_runs_each_side_in_one_kept_alive_worker(tmp_path):
+  """Each side's process answers every round after one untimed call (its rates change from
+  call to call, so a worker restarted per round would repeat its first); the peer learns its
+  Keras backend;
+  the rows hold medians, per-round ratios and the model-FLOP ratio."""
+  import importlib.util
+  from tests.conftest import ROOT
+  script = tmp_path / "fake_bench.py"
+  script.write_text(FAKE_BENCH.format(root=ROOT))
+  loaded = importlib.util.spec_from_file_location("fake_bench", script)
+  bench = importlib.util.module_from_spec(loaded)
+  loaded.loader.exec_module(bench)
+  args = method.bench_args(bench, ["--rate=10", "--repeats=3"], worker=False)
+  rows = {r["framework"]: r for r in method.compare(bench, str(script), args, log=None)}
+  tf, jax, both = rows["tf"], rows["jax"], rows["tf/jax"]
+  assert (tf["ours_samples_per_s"], tf["peer_samples_per_s"]) == (20.0, 5.0)
+  assert (tf["ratio_median"], tf["ratio_min"], tf["ratio_max"]) == (4.0, 2.0, 6.0)
+  assert (tf["ours_gflop_per_sample"], tf["peer_gflop_per_sample"]) == (4.0, 2.0)
+  assert tf["model_flop_ratio"] == 8.0 and tf["peer"] == "the peer"
+  assert (jax["ratio_median"], jax["ratio_min"], jax["ratio_max"]) == (1.0, 1.0, 1.0)
+  assert jax["model_flop_ratio"] == 2.0        # the FLOPs counted on TF: the same models
+  assert (both["ratio_min"], both["ratio_median"], both["ratio_max"]) == (1.0, 2.0, 3.0)
+  text = method.table(rows.values())
+  assert "4.000 [2.000, 6.000]" in text and "8.000" in text
+
+
+def test_a_failing_worker_stops_the_comparison_with_its_error(tmp_path):
+  from tests.conftest import ROOT
+  script = tmp_path / "broken.py"
+  script.write_text(FAKE_BENCH.format(root=ROOT).replace(
+      "def peer(args):\n", "def peer(args):\n  raise RuntimeError('no peer here')\n"))
+  import importlib.util
+  loaded = importlib.util.spec_from_file_location("broken", script)
+  bench = importlib.util.module_from_spec(loaded)
+  loaded.loader.exec_module(bench)
+  args = method.bench_args(bench, ["--repeats=1", "--frameworks=tf"], worker=False)
+  with pytest.raises(SystemExit, match="(?s)peer-tf failed .*no peer here"):
+    method.compare(bench, str(script), args, log=None)
+
+
+def test_bad_frameworks_exit_2(capsys):
+  from bench import resnet_vs_keras
+  with pytest.raises(SystemExit) as e:
+    method.bench_args(resnet_vs_keras, ["--frameworks=tf,torch"])
+  assert e.value.code == 2
+  assert "--frameworks tf,torch: allowed: tf, jax or tf,jax" in capsys.readouterr().err
+
+
+def test_all_py_checks_its_workloads_and_reads_gpu_rows(capsys, tmp_path):
+  import importlib
+  bench_all = importlib.import_module("bench.all")
+  with pytest.raises(SystemExit) as e:
+    bench_all.parse(["--workloads", "resnet50,gpt3"])
+  assert e.value.code == 2
+  assert "--workloads resnet50,gpt3: allowed: a comma-separated list of resnet50, bert" in (
+      capsys.readouterr().err)
+  # bench/gpu_models.py's columns -> the table's: samples/s, GFLOP and MFU, no peer
+  row = bench_all.from_gpu_row({"workload": "bert", "batch": "32", "step_ms": "140.99",
+                                "samples_per_s": "227.0", "gflop_per_sample": "",
+                                "tflops": "", "mfu": "0.237"})
+  assert (row["framework"], row["ours_samples_per_s"], row["mfu"]) == ("gpu-jax", 227.0, 0.237)
+  assert row["ours_gflop_per_sample"] is None and row["ratio_median"] is None
+  path = tmp_path / "t.csv"
+  bench_all.write_csv([row], path)
+  from harness import bench_table
+  read = bench_table.read(str(path))
+  assert list(read.columns) == list(method.COLUMNS) and read["mfu"][0] == 0.237
+  assert "MFU 0.237" in method.table([row])

@@ -65,3 +65,30 @@ def test_report_of_a_missing_csv_writes_nothing(tmp_path, capsys):
   assert cli.main(["report", str(tmp_path / "none.csv"), "--out", str(tmp_path / "r")]) == 2
   assert "no such result CSV" in capsys.readouterr().err
   assert not (tmp_path / "r").exists()
+
+
+BENCH = os.path.join(ROOT, "results", "bench_cpu.csv")
+
+
+def test_report_draws_the_committed_bench_table(tmp_path):
+  """bench/all.py's table: one section, a non-blank chart, every ratio shown exactly."""
+  out = tmp_path / "report"
+  assert cli.main(["report", "--bench", BENCH, "--out", str(out)]) == 0
+  page = (out / "index.html").read_text()
+  assert "<h2 id='bench'>Throughput against peers</h2>" in page
+  table = pd.read_csv(BENCH)
+  assert set(table["workload"]) == {"resnet50", "bert", "transformer", "ssd", "efficientnet"}
+  shown = [float(v) for v in re.findall(r'class="ratio_median" data-value="([^"]+)"', page)]
+  assert shown == list(table["ratio_median"])
+  (image,) = _images(page)
+  assert image.shape[1] > 300 and np.ptp(image[..., :3]) > 0.5
+
+
+def test_report_of_a_bad_bench_table_writes_nothing(tmp_path, capsys):
+  bad = tmp_path / "bench.csv"
+  pd.read_csv(BENCH).drop(columns=["ratio_median"]).to_csv(bad, index=False)
+  assert cli.main(["report", "--bench", str(bad), "--out", str(tmp_path / "r")]) == 2
+  assert "missing column(s) ratio_median" in capsys.readouterr().err
+  assert cli.main(["report", "--out", str(tmp_path / "r")]) == 2
+  assert "no input" in capsys.readouterr().err
+  assert not (tmp_path / "r").exists()

@@ -1,6 +1,14 @@
-"""Model FLOPs of a traced TF function, by TF's graph profiler (what `describe` reports as
-train_flops_per_example for a TF trainer, and what bench/ counts on both sides of a peer
-comparison).
+"""FLOPs of a traced TF function, by TF's graph profiler: `graph_flops`, every counted op of a
+train step (what `describe` reports as train_flops_per_example for a TF trainer), and
+`model_flops`, 3 x the forward pass's matmuls and convolutions (describe's
+model_flops_per_example, and what bench/ compares on both sides of a peer comparison).
+
+Why two: the whole step's count depends on how a model is written, not only on what it computes.
+TF counts a conv's input and filter gradients over the shapes the conv op sees, so a model that
+zero-pads before a VALID conv counts its backward over the padded input, and the same ResNet-50
+counted 2.68 or 2.04 GFLOP a 64 px sample by where its padding sat. The forward's matmuls and
+convs are what the architecture fixes; 3x them (forward, and the two gradients of each) is the
+usual model-FLOP convention of MFU figures.
 
 The profiler counts only ops that have a registered 'flops' statistic, and TF registers none
 for Einsum (every attention and projection of our BERT and Transformer, and of keras-hub's
@@ -57,6 +65,19 @@ def _depthwise_backprop(graph, node):
   filter_name = node.input[1] if node.op.endswith("Input") else node.name
   kh, kw = _shape(graph, filter_name)[:2]
   return ops.OpStats("flops", 2 * kh * kw * int(np.prod(_shape(graph, node.input[2]))))
+
+
+DENSE_OPS = ("Conv2D", "DepthwiseConv2dNative", "MatMul", "BatchMatMul", "BatchMatMulV2",
+             "BatchMatMulV3", "Einsum")
+
+
+def model_flops(graph) -> float:
+  """3 x the FLOPs of the graph's forward matmuls and convolutions: the dense ops outside the
+  'gradient_tape/' name scope, where tf.GradientTape puts the backward pass."""
+  forward = [op for op in graph.get_operations()
+             if op.type in DENSE_OPS and not op.name.startswith("gradient_tape/")]
+  return 3.0 * sum(ops.get_stats_for_node_def(graph, op.node_def, "flops").value or 0
+                   for op in forward)
 
 
 def graph_flops(function, specs) -> float:

@@ -39,7 +39,7 @@ from harness.workload import is_synthetic
 from workloads.common import moe
 from workloads.common.batching import eval_batches_per_host, host_batch_size
 from workloads.parallel import tf_layers, tf_model_parallel, tf_pipeline, tf_runtime
-from workloads.parallel.tf_flops import graph_flops
+from workloads.parallel.tf_flops import graph_flops, model_flops
 
 
 class StrategyTrainer:
@@ -391,7 +391,10 @@ class StrategyTrainer:
         + sum(w.bytes_per_replica() for w in shards))}
     if not self.runtime.distributed:
       gbs = self.cfg.train.global_batch_size
-      out["train_flops_per_example"] = graph_flops(self._step, self.batch_spec(gbs)) / gbs
+      specs = self.batch_spec(gbs)
+      out["train_flops_per_example"] = graph_flops(self._step, specs) / gbs
+      out["model_flops_per_example"] = model_flops(
+          self._step.get_concrete_function(specs).graph) / gbs
     out["optimizer_state_bytes_per_device"] = (
         self.sharded.state_bytes_per_replica() if self.sharded is not None else
         int(sum(np.prod(v.shape) * np.dtype(v.dtype).itemsize for v in self.optimizer.variables

@@ -21,12 +21,18 @@ START_ID = 0
 
 
 def smoothed_cross_entropy(logits, labels, label_smoothing):
-  """(sum of per-token losses over non-padding labels, their count): formulas.smoothing."""
+  """(sum of per-token losses over non-padding labels, their count): formulas.smoothing.
+
+  The cross entropy with the smoothed targets (confidence on the label, low elsewhere, summing
+  to 1), -sum_v soft_v (z_v - lse), is lse - low * sum_v z_v - (confidence - low) * z_label:
+  two reductions of the logits and a gather, with no [tokens, vocab] one-hot or log-softmax
+  materialised (XLA:CPU does not fuse those into the reductions: 1.5% of a small
+  Transformer's step)."""
   vocab = logits.shape[-1]
   confidence, low, constant = formulas.smoothing(label_smoothing, vocab)
-  log_probs = tf.nn.log_softmax(logits, axis=-1)
-  soft = tf.one_hot(labels, vocab, on_value=confidence, off_value=low, dtype=logits.dtype)
-  xent = -tf.reduce_sum(soft * log_probs, axis=-1) - constant
+  label_logits = tf.gather(logits, labels, axis=-1, batch_dims=len(labels.shape))
+  xent = (tf.reduce_logsumexp(logits, axis=-1) - low * tf.reduce_sum(logits, axis=-1)
+          - (confidence - low) * label_logits - constant)
   weights = tf.cast(tf.not_equal(labels, tf_model.PAD_ID), logits.dtype)
   return tf.reduce_sum(xent * weights), tf.reduce_sum(weights)
 
