@@ -26,19 +26,22 @@ def add_repeats_arg(parser, default=5):
                       help=f"interleaved rounds of measurements (default {default})")
 
 
-def interleaved(measures: dict, repeats: int, log=print) -> dict:
+def interleaved(measures: dict, repeats: int, log=print, warmup_rounds=0) -> dict:
   """{name: [value per round]}: round r calls every measure once, forward when r is even and
-  in reverse when odd, so no side always runs first (or last)."""
+  in reverse when odd, so no side always runs first (or last). The first `warmup_rounds`
+  rounds run the same way and are dropped."""
   if repeats < 1:
     raise ValueError(f"--repeats {repeats}: allowed: an integer >= 1")
   names = list(measures)
   values = {name: [] for name in names}
-  for r in range(repeats):
+  for r in range(warmup_rounds + repeats):
     for name in (names if r % 2 == 0 else names[::-1]):
       values[name].append(float(measures[name]()))
     if log:
-      log(f"  round {r + 1}/{repeats}: " + ", ".join(f"{n} {values[n][-1]:.4g}" for n in names))
-  return values
+      label = (f"warm-up {r + 1}/{warmup_rounds}" if r < warmup_rounds else
+               f"round {r - warmup_rounds + 1}/{repeats}")
+      log(f"  {label}: " + ", ".join(f"{n} {values[n][-1]:.4g}" for n in names))
+  return {name: vs[warmup_rounds:] for name, vs in values.items()}
 
 
 def ratios(values: dict, ours: str, peer: str) -> list:
@@ -222,9 +225,15 @@ def bench_args(bench, argv=None, worker=True):
   return args
 
 
+# Rounds run and dropped before the measured ones, once every side's worker is up: the first
+# rounds after the workers' start ran up to 15% slower on both sides alike, for 2-3 rounds.
+WARMUP_ROUNDS = 2
+
+
 def compare(bench, script: str, args, log=print) -> list:
   """Ours against the peer on each of args.frameworks, each side its own kept-alive worker
-  process, interleaved over args.repeats rounds: -> the table's rows (COLUMNS)."""
+  process, interleaved over args.repeats rounds after WARMUP_ROUNDS dropped ones: -> the
+  table's rows (COLUMNS)."""
   kinds = [f"{s}-{f}" for f in args.frameworks for s in ("ours", "peer")]
   say = log or (lambda line: None)
   workers = {}
@@ -232,7 +241,8 @@ def compare(bench, script: str, args, log=print) -> list:
     for kind in kinds:                  # one after another: a compile has the machine to itself
       say(f"  starting {kind} ...")
       workers[kind] = Worker(script, kind, args.own_flags, backend_env(kind))
-    values = interleaved({k: w.measure for k, w in workers.items()}, args.repeats, log=log)
+    values = interleaved({k: w.measure for k, w in workers.items()}, args.repeats, log=log,
+                          warmup_rounds=WARMUP_ROUNDS)
   finally:
     for w in workers.values():
       w.close()

@@ -27,6 +27,17 @@ def test_rounds_alternate_the_order_and_ratios_pair_within_a_round():
                                         "interleaved rounds")
 
 
+def test_warmup_rounds_run_interleaved_and_are_dropped():
+  calls, rates = [], {"a": iter([7, 7, 1, 2]), "b": iter([7, 7, 3, 4])}
+
+  def side(name):
+    return lambda: (calls.append(name), next(rates[name]))[1]
+
+  values = method.interleaved({"a": side("a"), "b": side("b")}, 2, log=None, warmup_rounds=2)
+  assert calls == ["a", "b", "b", "a", "a", "b", "b", "a"]
+  assert values == {"a": [1, 2], "b": [3, 4]}
+
+
 def test_at_least_one_round():
   with pytest.raises(ValueError, match="--repeats 0"):
     method.interleaved({"a": lambda: 1.0}, 0)
@@ -54,9 +65,9 @@ def title(args):
 
 
 def ours(framework, args):
-  # the first answer is the untimed warm-up call's, never reported
-  rates = iter([99.0, args.rate, 2 * args.rate, 3 * args.rate] if framework == "tf" else
-               [99.0] + [args.rate] * 3)
+  # the first three answers (the worker's untimed call, two warm-up rounds) are never reported
+  rates = iter([99.0] * 3 + [args.rate, 2 * args.rate, 3 * args.rate] if framework == "tf" else
+               [99.0] * 3 + [args.rate] * 3)
   return (lambda: next(rates)), (4e9 if framework == "tf" else None)
 
 
@@ -72,9 +83,9 @@ if __name__ == "__main__":
 
 
 def test_compare_runs_each_side_in_one_kept_alive_worker(tmp_path):
-  """Each side's process answers every round after one untimed call (its rates change from
-  call to call, so a worker restarted per round would repeat its first); the peer learns its
-  Keras backend;
+  """Each side's process answers every round after one untimed call and the dropped warm-up
+  rounds (its rates change from call to call, so a worker restarted per round would repeat
+  its first); the peer learns its Keras backend;
   the rows hold medians, per-round ratios and the model-FLOP ratio."""
   import importlib.util
   from tests.conftest import ROOT
