@@ -18,11 +18,12 @@ momentum or AdamW in place of the recipes' LARS / LAMB / RMSProp / TF-Adam (an e
 update, small next to the model), and EfficientNet's weight EMA is left out.
 
 Reported per workload: the per-device batch, step time, samples/s (transformer: packed rows of
-256 tokens), model FLOPs per step from XLA's cost analysis of the compiled step (per sample in
-the table), the TFLOP/s they make and MFU against the device's dense bf16 peak (H100/H200
-989e12, H100 PCIe 756e12, A100 312e12; otherwise n/a), under --dtype float32 too (XLA's GPU
-matmuls then run in TF32). A workload that fails (e.g. out of memory: lower its --batch) prints
-one line and is left out of the table; the exit status is then 1.
+256 tokens), model FLOPs per step from XLA's cost analysis of the lowered step or else the
+jaxpr's count (per sample in the table; `step_flops`), the TFLOP/s they make and MFU against
+the device's dense bf16 peak (H100/H200 989e12, H100 PCIe 756e12, A100 312e12; otherwise n/a),
+under --dtype float32 too (XLA's GPU matmuls then run in TF32). A workload that fails (e.g. out
+of memory: lower its --batch) prints one line and is left out of the table; the exit status is
+then 1.
 
 It runs outside the harness (no driver, trainer or input pipeline) because the GPU image has
 JAX, flax, optax and numpy but no TensorFlow, which the trainers and input pipelines import; it
@@ -36,6 +37,7 @@ workloads.common.jax_top1 and transformer.mini_corpus (the synthetic packed rows
 import argparse
 import csv
 import gc
+import logging
 import os
 import sys
 import time
@@ -83,6 +85,30 @@ def flops_of(analysis):
     return float(sum(values)) if values else None
   value = analysis.get("flops")
   return None if value is None else float(value)
+
+
+def step_flops(train_step, lowered, *args):
+  """(FLOPs of one step, where the figure comes from): the model's FLOPs as the program states
+  them, before the backend rewrites it. On a GPU the compiled program's convolutions and
+  matmuls are cuDNN/cuBLAS custom calls that XLA's cost analysis does not count (an H200:
+  ResNet-50 0.41 GFLOP a sample compiled, 23.75 lowered; 3 x the forward's 8.2 is 24.6), so the
+  lowered program's cost analysis. Where the backend answers nothing for it (an H200 under JAX
+  0.11.2, 2026-11-26; PJRT plugins may raise), the step's jaxpr counted by
+  jax.experimental.roofline: the same ops before any backend sees them, on every platform."""
+  try:
+    flops = flops_of(lowered.cost_analysis())
+  except Exception:  # pylint: disable=broad-except  # NotImplementedError on some plugins
+    flops = None
+  if flops:
+    return flops, "lowered cost analysis"
+  from jax.experimental import roofline    # pylint: disable=import-outside-toplevel
+  level = logging.getLogger().level
+  logging.getLogger().setLevel(logging.ERROR)   # it warns once per op it has no rule for
+  try:
+    flops = roofline.roofline(train_step)(*args)[1].unfused_flops
+  finally:
+    logging.getLogger().setLevel(level)
+  return (float(flops), "jaxpr roofline") if flops else (None, "no count")
 
 
 def memory_gb(compiled):
@@ -294,17 +320,7 @@ def bench(name, batch, dtype, steps, seed=0):
   lowered = jax.jit(make_train_step(w["loss"], tx), donate_argnums=0).lower(state, data)
   compiled = lowered.compile()
   t2 = time.perf_counter()
-  # The model's FLOPs as the program states them, before the backend rewrites it: on a GPU the
-  # compiled program's convolutions and matmuls are cuDNN/cuBLAS custom calls that XLA's cost
-  # analysis does not count (measured on an H200: ResNet-50 0.41 GFLOP a sample compiled,
-  # 23.75 lowered; 3 x the forward's 8.2 is 24.6).
-  # Without that figure there is no MFU: the compiled one would undercount it 50-fold (an H200
-  # under JAX 0.11.2 answered nothing for the lowered program on 2026-11-26; 0.41 compiled).
-  flops, source = flops_of(lowered.cost_analysis()), "lowered"
-  if not flops and jax.devices()[0].platform == "cpu":
-    flops, source = flops_of(compiled.cost_analysis()), "compiled"   # counts every op on CPU
-  if not flops:
-    source = "no lowered"
+  flops, source = step_flops(make_train_step(w["loss"], tx), lowered, state, data)
 
   for _ in range(WARMUP_STEPS):
     state, loss = compiled(state, data)
@@ -321,7 +337,7 @@ def bench(name, batch, dtype, steps, seed=0):
   mem = memory_gb(compiled)
   print(f"  {name}: {w['shapes']}; {n_params / 1e6:.1f}M params; build+init "
         f"{t1 - t0:.1f} s, compile {t2 - t1:.1f} s; loss {float(loss):.4g}; "
-        f"{'?' if not flops else f'{flops / 1e12:.3f}'} TFLOP/step ({source} cost analysis)"
+        f"{'?' if not flops else f'{flops / 1e12:.3f}'} TFLOP/step ({source})"
         + (f"; {mem:.1f} GB" if mem is not None else ""), flush=True)
   return {"workload": name, "batch": batch, "step_ms": step_s * 1e3,
           "samples_per_s": batch / step_s,

@@ -1,4 +1,6 @@
-"""bench/method.py: interleaving order, per-round ratios, median and min-max."""
+"""bench/method.py: interleaving order, per-round ratios, median and min-max; bench/all.py's
+table; bench/gpu_models.py's FLOP count."""
+import numpy as np
 import pytest
 
 from bench import method
@@ -150,3 +152,51 @@ def test_all_py_checks_its_workloads_and_reads_gpu_rows(capsys, tmp_path):
   read = bench_table.read(str(path))
   assert list(read.columns) == list(method.COLUMNS) and read["mfu"][0] == 0.237
   assert "MFU 0.237" in method.table([row])
+
+
+def test_gpu_models_counts_a_step_from_its_jaxpr_where_the_backend_does_not():
+  import jax
+  import jax.numpy as jnp
+  from bench import gpu_models
+  batch, d1, d2, d3 = 8, 64, 128, 32
+
+  def step(params, x):
+    loss = lambda p: jnp.sum(jnp.tanh(x @ p["w1"]) @ p["w2"])
+    return jax.value_and_grad(loss)(params)
+
+  params = {"w1": jnp.ones((d1, d2)), "w2": jnp.ones((d2, d3))}
+  x = jnp.ones((batch, d1))
+
+  class Unanswered:                          # a PJRT plugin without cost analysis
+    def cost_analysis(self):
+      raise NotImplementedError
+
+  # forward x.w1 and h.w2; backward dw2, dh and dw1 (no dx): the matmuls, plus a few
+  # elementwise ops on [batch, d2]
+  matmuls = 2 * batch * (2 * d1 * d2 + 3 * d2 * d3)
+  flops, source = gpu_models.step_flops(step, Unanswered(), params, x)
+  assert source == "jaxpr roofline" and matmuls <= flops <= 1.05 * matmuls
+  lowered_flops, source = gpu_models.step_flops(step, jax.jit(step).lower(params, x), params, x)
+  assert source == "lowered cost analysis" and matmuls <= lowered_flops <= 1.05 * matmuls
+
+
+def test_gpu_models_jaxpr_count_of_resnet50_agrees_with_the_lowered_program():
+  import jax
+  import jax.numpy as jnp
+  from bench import gpu_models
+  w = gpu_models.BUILDERS["resnet50"](2, jnp.bfloat16, np.random.default_rng(1))
+
+  def create(key):
+    variables = w["init"](key)
+    return {"params": variables["params"], "batch_stats": variables["batch_stats"],
+            "opt_state": w["tx"].init(variables["params"]), "step": jnp.zeros((), jnp.int32),
+            "dropout_key": key}
+
+  state = jax.eval_shape(create, jax.random.key(0))          # shapes only: nothing compiled
+  step = gpu_models.make_train_step(w["loss"], w["tx"])
+  lowered = jax.jit(step).lower(state, w["batch"])
+  flops, _ = gpu_models.step_flops(step, lowered, state, w["batch"])
+  jaxpr_flops, source = gpu_models.step_flops(step, None, state, w["batch"])
+  assert source == "jaxpr roofline"
+  assert 0.95 * 24.6e9 < flops / 2 < 24.6e9       # a sample: 3 x the forward's 4.1 GMAC x 2
+  assert 0.99 * flops < jaxpr_flops <= flops               # elementwise ops counted apart
