@@ -75,10 +75,10 @@ class Projection(layers.Layer):
 def contracted_dims(equation):
   """How many trailing dimensions of x an einsum `x,kernel->out` contracts with the kernel's
   leading ones ('bld,dnh->blnh': 1, 'blnh,nhd->bld': 2). The projections and the logits run as
-  tensordot, one 2-D MatMul over all tokens: tf.einsum of a batched x with an unbatched kernel
-  is a broadcasting BatchMatMulV2 whose kernel gradient is one matmul per batch row summed
-  afterwards (on the logits a [batch, hidden, vocab] intermediate, about 5% of a small Transformer's
-  step on XLA:CPU)."""
+  tensordot, one 2-D MatMul over all tokens: keras.ops.einsum on TF writes a batched x against
+  an unbatched kernel as a broadcasting BatchMatMulV2, whose kernel gradient is one matmul per
+  batch row summed afterwards (on the logits a [batch, hidden, vocab] intermediate; about 5% of
+  a small Transformer's step on XLA:CPU, docs/platform.md)."""
   inputs, out = equation.split("->")
   x, kernel = inputs.split(",")
   n = sum(c not in out for c in x)
