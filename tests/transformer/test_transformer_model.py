@@ -268,3 +268,16 @@ def test_bfloat16_compute_translates(framework):
   tokens = np.asarray(tokens)
   assert tokens.shape == (2, 6 + 3) and tokens.dtype == np.int32
   assert tokens.min() >= 0 and tokens.max() < 40
+
+
+def test_projection_equations_read_as_tensordot_axes():
+  assert tf_model.contracted_dims("bld,dnh->blnh") == 1        # q, k, v
+  assert tf_model.contracted_dims("blnh,nhd->bld") == 2        # the attention output
+  x = np.random.default_rng(0).normal(size=(2, 3, 4, 5))
+  kernel = np.random.default_rng(1).normal(size=(4, 5, 6))
+  np.testing.assert_allclose(
+      keras.ops.tensordot(x, kernel, tf_model.contracted_dims("blnh,nhd->bld")),
+      np.einsum("blnh,nhd->bld", x, kernel), rtol=1e-12)
+  for equation in ("bld,nhd->blnh", "blnh,hnd->bld", "bld,dnh->bnlh"):
+    with pytest.raises(ValueError, match=f"equation '{re.escape(equation)}': allowed"):
+      tf_model.contracted_dims(equation)
