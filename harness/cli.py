@@ -7,7 +7,7 @@ import argparse
 import os
 import sys
 
-from harness import cadence, errors, mesh, registry, rules
+from harness import cadence, errors, faults, mesh, registry, rules, supervise
 from harness import cluster as cluster_lib
 from harness import config as config_lib
 from harness.errors import EXIT_USAGE, UsageError
@@ -74,6 +74,9 @@ def _add_workload_args(p, with_framework=True):
   g.add_argument("--coordinator", metavar="HOST:PORT", help="process 0's address (multi-host)")
   g.add_argument("--num-processes", type=_positive_int, metavar="P", help="processes in the run")
   g.add_argument("--process-id", type=_int, metavar="I", help="this process's index, 0..P-1")
+  g.add_argument("--heartbeat-timeout", type=_positive_int, metavar="S",
+                 help="a peer silent for S seconds ends every process of a multi-process run "
+                      "(default 30)")
 
 
 def build_parser():
@@ -100,6 +103,10 @@ def build_parser():
   p.add_argument("--tensorboard", metavar="DIR", help="write loss, lr, eval metric and "
                  "throughput scalars per chunk and eval block to DIR/<run_id>/ (TensorBoard "
                  "event files: tensorboard --logdir DIR)")
+  p.add_argument("--supervise", action="store_true",
+                 help="train in a child process whose parent records the run however the "
+                      "child ends (killed, aborted by its framework); always on for a "
+                      "multi-process run")
 
   sub.add_parser("list", help="workloads, frameworks and presets",
                  description="List the workloads, frameworks and presets that exist.")
@@ -191,7 +198,8 @@ def _prepare_devices(framework, cpu_devices):
 _PARALLEL_FLAGS = {"mesh": "mesh", "bn_group_size": "bn_group_size",
                    "bn_group_samples": "bn_group_samples",
                    "spatial_partitions": "spatial_partitions", "coordinator": "coordinator",
-                   "num_processes": "num_processes", "process_id": "process_id"}
+                   "num_processes": "num_processes", "process_id": "process_id",
+                   "heartbeat_timeout": "heartbeat_timeout_s"}
 
 
 _CLUSTER_FLAGS = ("coordinator", "num_processes", "process_id")
@@ -284,6 +292,8 @@ def cmd_run(args):
     _check_tensorboard_dir(args.tensorboard)
   existed = os.path.exists(args.results)
   results.check_writable(args.results)   # last check: it creates the file (header comes later)
+  if (args.supervise or cfg.parallel.num_processes > 1) and not supervise.is_child():
+    return supervise.run(args.argv)   # the child prints the cluster line and runs
   if args.cluster.source != "single":
     print(args.cluster.line(), flush=True)       # the run's first line: how peers were found
   try:
@@ -292,7 +302,10 @@ def cmd_run(args):
                              preset=args.preset, runs=args.runs, seed=args.seed,
                              steps=args.steps, data_dir=args.data_dir,
                              results_path=args.results, log_dir=args.log_dir, system=args.system,
-                             echo_log=args.echo_log, tensorboard=args.tensorboard)
+                             echo_log=args.echo_log, tensorboard=args.tensorboard,
+                             progress_path=os.environ.get(faults.PROGRESS_ENV),
+                             defer_errors=supervise.is_child()
+                             and cfg.parallel.num_processes > 1)
     from harness.workload import RunContext
     def make_trainer(seed):
       ctx = RunContext(seed=seed, preset=args.preset, data_dir=args.data_dir)
@@ -301,7 +314,14 @@ def cmd_run(args):
       except ValueError as e:                        # an impossible config for these devices
         raise UsageError(str(e)) from None
     try:
-      rows = driver.run_all(spec, cfg, opts, make_trainer)
+      with faults.SignalWatch() as opts.signals:
+        rows = driver.run_all(spec, cfg, opts, make_trainer)
+    except driver.Deferred:            # the supervisor writes this run's row (supervise.py)
+      return errors.EXIT_ABORTED
+    except faults.Interrupted as e:    # a signal before the run's log opened: nothing to record
+      print(f"run_benchmark.py: {e.reason} before the run began; nothing recorded",
+            file=sys.stderr, flush=True)
+      return faults.signal_exit_status(e.signum)
     except Exception as e:  # pylint: disable=broad-except
       line = errors.explained(e)       # e.g. a corrupt data file, met building the pipeline
       if line is None:
@@ -311,7 +331,7 @@ def cmd_run(args):
     if not existed and os.path.exists(args.results) and os.path.getsize(args.results) == 0:
       os.remove(args.results)
     raise
-  return 0 if all(r.status == "success" for r in rows) else 1
+  return rows.exit_status()
 
 
 def cmd_list(_):
@@ -542,6 +562,7 @@ def main(argv=None) -> int:
   parser = build_parser()
   try:
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)   # a supervised child's
     if args.command is None:
       raise UsageError(f"a command is required; choose one of: {', '.join(COMMANDS)}")
     return COMMANDS[args.command](args)

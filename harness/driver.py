@@ -4,19 +4,22 @@ The driver never touches tensors: it calls a Trainer's init/train/evaluate and l
 them. Compilation happens inside init (before run_start); the trainer reads no data before
 its first train() call, which is after run_start.
 """
+import contextlib
 import dataclasses
 import datetime
 import math
 import os
 import platform
+import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import traceback
 import uuid
 
-from harness import cadence, errors, results
+from harness import cadence, errors, faults, results
 from harness import config as config_lib
 from harness.tensorboard import ScalarWriter
 from harness.workload import is_synthetic
@@ -45,6 +48,15 @@ class RunOptions:
   echo_log: bool = False
   primary: bool = True             # multi-host: only process 0 writes the log and the row
   tensorboard: str | None = None   # scalars per chunk and block to DIR/<run_id>/ (event files)
+  signals: faults.SignalWatch | None = None   # the command's signal handlers (None: none)
+  progress_path: str | None = None  # a supervised run's state for its supervisor (supervise.py)
+  # A supervised multi-process run leaves the row of a run that an error ends to its
+  # supervisor, which names the cause the framework reports only after the error (a lost peer)
+  defer_errors: bool = False
+
+
+class Deferred(Exception):
+  """A run ended by an error whose row the supervisor writes (RunOptions.defer_errors)."""
 
 
 def _git_commit():
@@ -139,69 +151,138 @@ class Run:
       value, metadata = value if isinstance(value, tuple) else (value, {})
       log.event(key, value, **metadata)
 
+  def _interruptible(self):
+    """While the trainer runs, a signal stops it at the next step boundary."""
+    signals = self.opts.signals
+    return signals.interruptible() if signals else _nothing()
+
+  def _check_signals(self):
+    if self.opts.signals:
+      self.opts.signals.check()
+
   def _execute(self, log) -> results.ResultRow:
     cfg, trainer, opts = self.cfg, self.trainer, self.opts
     gbs = cfg.train.global_batch_size
     synthetic = is_synthetic(cfg)
-    per_epoch = cadence.steps_per_epoch(trainer.train_examples, gbs)
+    self.per_epoch = per_epoch = cadence.steps_per_epoch(trainer.train_examples, gbs)
     max_steps = cadence.budget_steps(cfg.train, per_epoch)
     if synthetic:
       max_steps = opts.steps or cfg.train.synthetic_steps
     elif opts.steps:
       max_steps = min(max_steps, opts.steps)
 
-    row = dict(status=C.ABORTED, abort_reason="", time_to_train_s=None, epochs=None,
-               samples=None, metric=None, throughput=None, init_s=0.0, flops=None)
+    self.state = row = dict(status=C.ABORTED, abort_reason="", time_to_train_s=None,
+                            epochs=None, samples=None, metric=None, throughput=None, init_s=0.0,
+                            flops=None, steps=0)
+    self.log, self.run_start, self.closed, self.result = log, None, False, None
+    self.row_saved, self.interrupted_by = True, None
+    self._close_lock = threading.Lock()
+    if opts.signals:
+      opts.signals.on_second = self._close_at_once
     log.event(C.CACHE_CLEAR, True)
     init_start = time.time()
     log.start(C.INIT_START)
-    run_start = None
+    self._progress()
+    deferred = False
     try:
       self._log_init_keys(log)
-      trainer.init()
+      with self._interruptible():
+        trainer.init()
       row["flops"] = trainer.describe().get("train_flops_per_example")
+      self._check_signals()
       log.end(C.INIT_STOP)
-      run_start = time.time()
-      row["init_s"] = run_start - init_start
-      log.start(C.RUN_START, time_ms=int(run_start * 1000))
+      self.run_start = time.time()
+      row["init_s"] = self.run_start - init_start
+      log.start(C.RUN_START, time_ms=int(self.run_start * 1000))
+      self._progress()
       self._print(f"init {row['init_s']:.1f}s on {trainer.num_devices}x{trainer.device_kind}; "
                   f"log {self.log_path}")
       if synthetic:
         self._synthetic(log, max_steps, row)
       else:
         self._train_to_target(log, per_epoch, max_steps, row)
-    except KeyboardInterrupt:
-      row["abort_reason"] = "interrupted"
-      raise
+    except (faults.Interrupted, KeyboardInterrupt) as e:
+      signum = e.signum if isinstance(e, faults.Interrupted) else signal.SIGINT
+      self.interrupted_by = signum
+      row["abort_reason"] = faults.Interrupted(signum).reason + (
+          " during init" if self.run_start is None else
+          f" after {row['steps'] * gbs} samples")
     except Exception as e:  # pylint: disable=broad-except  # every run ends in a row
       line = errors.explained(e)       # e.g. a corrupt data file: its name, not a traceback
       row["abort_reason"] = (line or f"{type(e).__name__}: {e}").replace("\n", " ")[:300]
       if line is None:
         traceback.print_exc(file=sys.stderr)
+      if opts.defer_errors:
+        deferred = True
+        self._progress(deferred=True)
+        raise Deferred(row["abort_reason"]) from None
     finally:
+      if not deferred:
+        self._close()
+    return self.result
+
+  def _close(self):
+    """run_stop, the row, the one line: once, whichever path (the main thread's end of the
+    run, or the watcher thread's at a second signal) comes first."""
+    with self._close_lock:
+      if self.closed:
+        return
+      row, log, opts = self.state, self.log, self.opts
+      synthetic = is_synthetic(self.cfg)
       run_stop = time.time()
-      if run_start is None:                        # failed during init
+      if self.run_start is None:                   # failed during init
         log.end(C.INIT_STOP)
         log.start(C.RUN_START, time_ms=int(run_stop * 1000))
-        run_start = run_stop
+        self.run_start = run_stop
       log.end(C.RUN_STOP, time_ms=int(run_stop * 1000), status=row["status"])
       if row["status"] == C.SUCCESS and not synthetic:
-        row["time_to_train_s"] = (int(run_stop * 1000) - int(run_start * 1000)) / 1000
+        row["time_to_train_s"] = (int(run_stop * 1000) - int(self.run_start * 1000)) / 1000
       result = self._row(row)
       # Never lose the row: an append that fails goes to a recovery CSV beside the log.
-      saved = results.save_row(opts.results_path, result, self.log_path) if opts.primary else ""
+      saved = ""
+      if opts.primary:
+        self.row_saved, saved = results.save_row(opts.results_path, result, self.log_path)
+      self.result, self.closed = result, True
+      self._progress(closed=True)
       self._print(f"run_stop status={row['status']}"
                   + (f" ({row['abort_reason']})" if row["abort_reason"] else "")
                   + (f" time_to_train={result.time_to_train_s:.1f}s"
                      if result.time_to_train_s is not None else "")
                   + (f"; {saved}" if saved else ""))
-    return result
+
+  def _close_at_once(self, signum):
+    """A second signal (the watcher thread): close the run now and leave the process."""
+    self.interrupted_by = self.interrupted_by or signum
+    if not self.closed:
+      self.state["abort_reason"] = (f"{faults.signal_name(signum)} received, then another "
+                                    "signal: ended at once")
+      self.state["status"] = C.ABORTED
+    self._close()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(faults.signal_exit_status(signum))
+
+  def _progress(self, closed=False, deferred=False):
+    """The supervisor's copy of the run's state: the row as it stands (aborted until it is
+    not), where the log is and whether run_start is in it."""
+    if not self.opts.progress_path:
+      return
+    faults.write_progress(self.opts.progress_path, dict(
+        run_id=self.run_id, log_path=self.log_path, primary=self.opts.primary,
+        run_started=self.run_start is not None, closed=closed, deferred=deferred,
+        row_saved=self.row_saved, results_path=self.opts.results_path,
+        interrupted_by=self.interrupted_by,
+        hosts=getattr(self.trainer, "process_hosts", None),
+        heartbeat_s=self.cfg.parallel.heartbeat_timeout_s,
+        row=dataclasses.asdict(self._row(self.state))))
 
   def _synthetic(self, log, steps, row):
     log.start(C.BLOCK_START, first_epoch_num=0, epoch_count=1)
     start = time.time()
-    metrics = self.trainer.train(steps)
+    with self._interruptible():
+      metrics = self.trainer.train(steps)
     elapsed = time.time() - start
+    row["steps"] = steps
     log.end(C.BLOCK_STOP, first_epoch_num=0, epoch_count=1)
     row["throughput"] = steps * self.cfg.train.global_batch_size / elapsed
     row["samples"] = steps * self.cfg.train.global_batch_size
@@ -239,12 +320,14 @@ class Run:
         epoch_num = min(first + count, math.ceil(epoch))   # less if --steps cut the block
         progress = f"epoch {epoch:g}/{cfg.train.max_epochs:g}"
       log.start(C.EVAL_START, epoch_num=epoch_num)
-      value = trainer.evaluate()[metric.name]
+      with self._interruptible():
+        value = trainer.evaluate()[metric.name]
       log.event(C.EVAL_ACCURACY, metric.logged(value), epoch_num=epoch_num)
       log.end(C.EVAL_STOP, epoch_num=epoch_num)
       log.end(C.BLOCK_STOP, first_epoch_num=first, epoch_count=count)
       row.update(metric=value, epochs=epoch, samples=steps_done * gbs,
                  throughput=steps_done * gbs / train_time)
+      self._progress()
       if self.tb:
         self.tb.scalars(steps_done, {"train/loss": metrics["loss"], "train/lr": metrics["lr"],
                                      f"eval/{metric.name}": value,
@@ -257,6 +340,7 @@ class Run:
       if metric.reached(value, target):
         row["status"] = C.SUCCESS
         return
+      self._check_signals()
     row["abort_reason"] = (f"target {target} not reached within {steps_done} steps "
                            + (f"({steps_done * gbs} samples)" if by_samples
                               else f"({steps_done / per_epoch:g} epochs)"))
@@ -272,8 +356,11 @@ class Run:
     while done < block_steps:
       n = min(chunk, block_steps - done)
       start = time.time()
-      metrics = self.trainer.train(n)
+      with self._interruptible():
+        metrics = self.trainer.train(n)
       done += n
+      self.state["steps"] = steps_before + done
+      self._progress()
       if not math.isfinite(metrics["loss"]):
         break
       if done < block_steps:
@@ -287,6 +374,7 @@ class Run:
         if self.tb:
           self.tb.scalars(step, {"train/loss": metrics["loss"], "train/lr": metrics.get("lr"),
                                  "train/samples_per_s": speed})
+        self._check_signals()
     return metrics
 
   def _row(self, r) -> results.ResultRow:
@@ -308,14 +396,47 @@ class Run:
         mfu=_mfu(r["flops"], r["throughput"], trainer.device_kind, trainer.num_devices,
                  cfg.train.precision),
         host=socket.gethostname(), git_commit=_git_commit(), versions=_versions(),
-        log_path=self.log_path)
+        log_path=self.log_path,
+        epochs_completed=(None if synthetic or not r["steps"] else
+                          round(r["steps"] / self.per_epoch, 6)),
+        samples_completed=r["steps"] * cfg.train.global_batch_size)
 
 
-def run_all(spec, cfg, opts: RunOptions, make_trainer) -> list[results.ResultRow]:
-  """Runs opts.runs runs; each gets a fresh trainer (built before its log opens) and seed."""
-  rows = []
+@contextlib.contextmanager
+def _nothing():
+  yield
+
+
+class RunResults(list):
+  """The rows of run_all, and how the command should end: `interrupted_by` the signal that
+  stopped a run (None if none), `rows_not_saved` how many rows missed the result CSV."""
+  interrupted_by = None
+  rows_not_saved = 0
+
+  def exit_status(self) -> int:
+    if self.interrupted_by is not None:
+      return faults.signal_exit_status(self.interrupted_by)
+    if self.rows_not_saved:
+      return errors.EXIT_ROW_NOT_SAVED
+    return 0 if all(r.status == C.SUCCESS for r in self) else errors.EXIT_ABORTED
+
+
+def run_all(spec, cfg, opts: RunOptions, make_trainer) -> RunResults:
+  """Runs opts.runs runs; each gets a fresh trainer (built before its log opens) and seed. A
+  signal ends the current run (its row written) and the runs after it are not started."""
+  rows = RunResults()
   for index in range(opts.runs):
+    if opts.signals and opts.signals.received is not None:
+      rows.interrupted_by = opts.signals.received
+      break
     seed = opts.seed + index if opts.seed is not None else int.from_bytes(os.urandom(3), "big")
     trainer = make_trainer(seed)
-    rows.append(Run(spec, cfg, opts, index, trainer, seed).execute())
+    run = Run(spec, cfg, opts, index, trainer, seed)
+    rows.append(run.execute())
+    if opts.signals:
+      opts.signals.on_second = None
+    rows.rows_not_saved += not run.row_saved
+    if run.interrupted_by is not None:
+      rows.interrupted_by = run.interrupted_by
+      break
   return rows

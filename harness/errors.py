@@ -24,3 +24,12 @@ def explained(error) -> str | None:
     if line:
       return line
   return None
+
+
+# The command's exit statuses (docs/running.md, "When a run ends by a fault"): 0 every run
+# reached its target (or ran its synthetic steps), 1 a run aborted, 2 a usage error (nothing
+# written), 3 a row that could not reach its result CSV (saved to the recovery CSV beside the
+# log), 4 a lost peer; a signal ends with 128 + its number, as a shell reports it.
+EXIT_ABORTED = 1
+EXIT_ROW_NOT_SAVED = 3
+EXIT_LOST_PEER = 4

@@ -17,12 +17,13 @@ _HARNESS_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 class RunLog:
   """One MLPerf log file; `event/start/end` take the mllog keys and metadata."""
 
-  def __init__(self, path: str, echo: bool = False):
+  def __init__(self, path: str, echo: bool = False, append: bool = False):
     self.path = path
     self._pylogger = logging.getLogger(f"mlperf_run_{next(_ids)}")
     self._pylogger.propagate = False
     self._pylogger.setLevel(logging.INFO)
-    self._handler = logging.FileHandler(path, mode="w")
+    # append: a supervisor closing the log its child left open (harness/supervise.py)
+    self._handler = logging.FileHandler(path, mode="a" if append else "w")
     self._pylogger.addHandler(self._handler)
     if echo:
       self._pylogger.addHandler(logging.StreamHandler())

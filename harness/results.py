@@ -44,6 +44,11 @@ class ResultRow:
   git_commit: str
   versions: str
   log_path: str
+  # How far the run got, whatever its status: an aborted run's progress (a preempted run's
+  # epochs and samples trained; final_metric is its last eval). Last: rows of older versions
+  # are constructed and read without them.
+  epochs_completed: float | None = None
+  samples_completed: int | None = None
 
 
 COLUMNS = [f.name for f in dataclasses.fields(ResultRow)]
@@ -130,21 +135,22 @@ def append_row(path: str, row: ResultRow) -> None:
     os.close(fd)          # closing releases the lock
 
 
-def save_row(path: str, row: ResultRow, log_path: str) -> str:
+def save_row(path: str, row: ResultRow, log_path: str) -> tuple[bool, str]:
   """Appends the row to `path`; if that fails, to a recovery CSV beside the run's log (or, if
-  even that fails, prints it). Returns one line saying where the row went."""
+  even that fails, prints it). Returns (whether the row reached `path`, one line saying where
+  it went): a row that did not makes the command exit EXIT_ROW_NOT_SAVED."""
   try:
     append_row(path, row)
-    return f"row appended to {path}"
+    return True, f"row appended to {path}"
   except OSError as e:
     reason = f"cannot append to {path} ({e.strerror or e})"
   recovery = os.path.splitext(log_path)[0] + ".result.csv"
   try:
     append_row(recovery, row)
-    return f"{reason}; row saved to {recovery}"
+    return False, f"{reason}; row saved to {recovery}"
   except OSError:
     line = _encode([getattr(row, c) for c in COLUMNS]).decode().strip()
-    return f"{reason}, nor to {recovery}; the row: {line}"
+    return False, f"{reason}, nor to {recovery}; the row: {line}"
 
 
 def read_csv(path: str) -> pd.DataFrame:

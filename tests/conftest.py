@@ -213,6 +213,7 @@ LONG_FILES = (
     "tests/resnet/test_resnet_end_to_end.py",
     "tests/efficientnet/test_efficientnet_end_to_end.py",
     "tests/parallel/test_tf_distributed.py",
+    "tests/harness/test_faults.py",
     "tests/transformer/test_transformer_end_to_end.py",
     "tests/bert/test_bert_end_to_end.py",
     "tests/efficientnet/test_efficientnet_distributed.py",

@@ -272,6 +272,11 @@ class ForkedProcess:
       _CHILDREN_CPU_S[0] += reply["cpu_s"]
     return self.returncode
 
+  def output_so_far(self) -> str:
+    """What the run has written to its stdout (and merged stderr) until now."""
+    with open(self._stdout_path, encoding="utf-8", errors="replace") as f:
+      return f.read()
+
   def kill(self):
     """The run's whole process group (the run itself, if it has not yet made its own)."""
     for kill, target in ((os.killpg, self.pid), (os.kill, self.pid)):

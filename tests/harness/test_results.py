@@ -105,15 +105,16 @@ def test_an_older_csv_reads_without_upgrade(tmp_path):
 def test_a_row_that_cannot_be_appended_goes_to_a_recovery_file(tmp_path):
   log = tmp_path / "logs" / "resnet50_run.log"
   log.parent.mkdir()
-  message = results.save_row("/proc/cannot/write.csv", make_row(3), str(log))
+  reached, message = results.save_row("/proc/cannot/write.csv", make_row(3), str(log))
+  assert not reached
   recovery = tmp_path / "logs" / "resnet50_run.result.csv"
   assert message == (f"cannot append to /proc/cannot/write.csv (No such file or directory); "
                      f"row saved to {recovery}")
   assert list(results.read_csv(str(recovery))["run_id"]) == ["run3"]
-  message = results.save_row("/proc/cannot/write.csv", make_row(4), "/proc/nolog/x.log")
-  assert "the row: run4," in message and "\n" not in message
-  assert results.save_row(str(tmp_path / "ok.csv"), make_row(5), str(log)).startswith(
-      "row appended to")
+  reached, message = results.save_row("/proc/cannot/write.csv", make_row(4), "/proc/nolog/x.log")
+  assert not reached and "the row: run4," in message and "\n" not in message
+  reached, message = results.save_row(str(tmp_path / "ok.csv"), make_row(5), str(log))
+  assert reached and message.startswith("row appended to")
 
 
 def test_read_csv_errors_name_the_file(tmp_path):

@@ -30,6 +30,7 @@ import contextlib
 import contextvars
 import math
 import re
+import socket
 
 import jax
 import numpy as np
@@ -75,11 +76,32 @@ def initialize_multihost(parallel):
                        f"{parallel.process_id} of {parallel.num_processes}")
 
 
+_HOSTS = []
+
+
+def process_hosts(timeout_s=60):
+  """Every process's host name, by index, through the coordination service's key-value store
+  (a lost peer is then named by its host: harness/faults.py); None in a one-process run or
+  where the store is not reachable. Asked once per process (a key is set once)."""
+  if jax.process_count() == 1:
+    return None
+  if not _HOSTS:
+    from jax._src import distributed   # pylint: disable=import-outside-toplevel  # its client
+    client = getattr(distributed.global_state, "client", None)
+    if client is None:
+      return None
+    client.key_value_set(f"harness/host/{jax.process_index()}", socket.gethostname())
+    _HOSTS.extend(client.blocking_key_value_get(f"harness/host/{i}", timeout_s * 1000)
+                  for i in range(jax.process_count()))
+  return list(_HOSTS)
+
+
 class MeshRuntime:
   def __init__(self, parallel, global_batch_size=0, describing=False):
     """`describing`: a mesh of more devices than this machine has (every axis given in --mesh)
     becomes an AbstractMesh, enough for shardings and bytes per device."""
     initialize_multihost(parallel)
+    self.process_hosts = None if describing else process_hosts()
     devices = jax.devices()
     axes = parallel.axes()
     wanted = math.prod(axes.values()) if axes["data"] else 0

@@ -71,6 +71,11 @@ class MeshTrainer:
     return self.evaluator.finalize(acc)
 
   # ------------------------------------------------------------------ shared
+  @property
+  def process_hosts(self):
+    """Every process's host by index (multi-process runs), for the line naming a lost peer."""
+    return self.runtime.process_hosts
+
   def __init__(self, cfg, ctx):
     self.cfg, self.ctx = cfg, ctx
     self.runtime = runtime = jax_runtime.MeshRuntime(cfg.parallel, cfg.train.global_batch_size,

@@ -123,8 +123,12 @@ class StrategyRuntime:
   def __init__(self, parallel, global_batch_size=0):
     self.parallel = parallel
     self.process_index, self.process_count = parallel.process_id, parallel.num_processes
+    self.process_hosts = None
     if parallel.num_processes > 1:
       resolver = cluster_resolver(parallel)
+      # every worker's host, by index (a lost peer is named by its host: harness/faults.py)
+      self.process_hosts = [address.rsplit(":", 1)[0] for address in
+                            resolver.cluster_spec().as_dict().get("worker", [])] or None
       self.strategy = tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver)
       # A dead peer is found by the strategy's health check (a ping to every worker each
       # heartbeat_timeout_s), which aborts the pending collectives with an error. A per-op
