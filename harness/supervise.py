@@ -161,13 +161,13 @@ def _finish(returncode, progress, relay) -> int:
       return errors.EXIT_ROW_NOT_SAVED
     return 0 if row["status"] == C.SUCCESS else errors.EXIT_ABORTED
   lost = faults.lost_peer(text + "\n" + (row.get("abort_reason") or ""))
-  if lost is not None:
-    reason = faults.lost_peer_line(lost, progress.get("hosts"), progress.get("heartbeat_s"))
-    status = errors.EXIT_LOST_PEER
-  elif progress.get("interrupted_by"):
+  if progress.get("interrupted_by"):        # a signal first: a preempted peer's end follows
     signum = progress["interrupted_by"]
     reason = f"{faults.signal_name(signum)} received"
     status = faults.signal_exit_status(signum)
+  elif lost is not None:
+    reason = faults.lost_peer_line(lost, progress.get("hosts"), progress.get("heartbeat_s"))
+    status = errors.EXIT_LOST_PEER
   elif progress.get("deferred"):
     reason, status = row["abort_reason"], errors.EXIT_ABORTED
   elif returncode < 0:

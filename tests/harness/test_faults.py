@@ -265,3 +265,19 @@ def test_a_row_that_cannot_be_written_exits_3(tmp_path):
   rows = driver.run_all(spec.SPEC, cfg, opts, lambda seed: ScriptedTrainer([0.95]))
   assert rows.rows_not_saved == 1 and rows.exit_status() == 3
   assert os.path.exists(rows[0].log_path[:-len(".log")] + ".result.csv")
+
+
+def test_a_second_signal_is_one_that_is_not_a_repeat_of_the_first(monkeypatch):
+  """srun signals every process of a step and the supervisor forwards: the same SIGTERM twice
+  within REPEAT_S is one signal; another after it ends the run at once."""
+  clock = [100.0]
+  monkeypatch.setattr(faults.time, "monotonic", lambda: clock[0])
+  watch = faults.SignalWatch()
+  assert not watch._record(signal.SIGTERM)          # pylint: disable=protected-access
+  clock[0] += faults.REPEAT_S / 2
+  assert not watch._record(signal.SIGTERM)          # pylint: disable=protected-access
+  with pytest.raises(faults.Interrupted, match="SIGTERM"):
+    watch.check()
+  clock[0] += faults.REPEAT_S
+  assert watch._record(signal.SIGINT)               # pylint: disable=protected-access
+  assert watch.received == signal.SIGTERM           # the status stays the first signal's
