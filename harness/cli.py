@@ -6,6 +6,7 @@ before any log or result file is opened.
 import argparse
 import os
 import sys
+import tempfile
 
 from harness import cadence, errors, faults, mesh, registry, rules, supervise
 from harness import cluster as cluster_lib
@@ -246,6 +247,12 @@ def _workload_config(args):
     spec.check_framework(cfg, args.framework)
   except ValueError as e:
     raise UsageError(str(e)) from None
+  # an optimizer config may say its TF update has no weight-update-sharding rule
+  if (args.framework == "tf" and cfg.parallel.weight_update_sharding
+      and not getattr(cfg.optimizer, "tf_weight_update_sharding", True)):
+    raise UsageError(f"--weight-update-sharding: the tf update of optimizer "
+                     f"{cfg.optimizer.name!r} has no sharded rule; allowed: --framework jax, "
+                     "or tf without --weight-update-sharding")
   return spec, cfg
 
 
@@ -272,7 +279,15 @@ def _check_tensorboard_dir(path):
   probe = os.path.abspath(path)
   while not os.path.exists(probe):
     probe = os.path.dirname(probe)
-  if not os.path.isdir(probe) or not os.access(probe, os.W_OK | os.X_OK):
+  # os.access is not enough: /proc says root may write anywhere in it. A folder made and
+  # removed again in the nearest existing one is the question the writer will ask.
+  writable = os.path.isdir(probe)
+  if writable:
+    try:
+      tempfile.TemporaryDirectory(dir=probe, prefix=".harness-probe-").cleanup()
+    except OSError:
+      writable = False
+  if not writable:
     raise UsageError(f"--tensorboard {path!r} cannot be created: {probe!r} is not a writable "
                      "folder; allowed: a folder path under a writable folder")
 

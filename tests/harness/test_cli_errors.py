@@ -32,6 +32,8 @@ BAD_INPUTS = [
     (["run", "resnet50", "--results", "{tmp}"], "is a directory"),
     (["run", "resnet50", "--tensorboard", "{tmp}/file.txt/tb"], "--tensorboard '{tmp}/file.txt/tb' cannot be created: '{tmp}/file.txt' is not a writable folder"),
     (["run", "resnet50", "--tensorboard", "{tmp}/file.txt"], "is a file; allowed: a folder"),
+    (["run", "resnet50", "--tensorboard", "/proc/nope"], "--tensorboard '/proc/nope' cannot be created"),
+    (["run", "efficientnet", "--framework", "tf", "--cpu-devices", "2", "--weight-update-sharding"], "the tf update of optimizer 'rmsprop' has no sharded rule"),
     (["summarize", "{tmp}/nothing.csv"], "no such file or folder"),
     (["summarize", "{tmp}/binary.csv"], "is not a readable result CSV"),
     (["summarize", "{tmp}/foreign.csv"], "missing columns"),

@@ -96,3 +96,20 @@ def test_decay_mask_selects_kernels_only():
   for path, decayed in leaves:
     assert decayed == (path[-1].key == "kernel"), path
   assert sum(decayed for _, decayed in leaves) == 6      # stem, 3 block convs, proj, classifier
+
+
+def test_the_tf_optimizers_without_a_sharded_rule_are_the_ones_the_cli_refuses():
+  """An optimizer config says `tf_weight_update_sharding = False` exactly when its TF class
+  inherits the base's flat_update_rule (which raises): the command line then refuses
+  --weight-update-sharding before a run, instead of a NotImplementedError mid-run."""
+  from workloads.optim import configs, tf_optimizers  # pylint: disable=import-outside-toplevel
+  tf_class = {configs.LarsSgdConfig: tf_optimizers.MLPerfMomentum,
+              configs.LarsPolyConfig: tf_optimizers.MLPerfMomentum,
+              configs.SgdStepConfig: tf_optimizers.MLPerfMomentum,
+              configs.LambConfig: tf_optimizers.MLPerfLamb,
+              configs.RmsPropConfig: tf_optimizers.TfRmsProp,
+              configs.AdamConfig: tf_optimizers.TfAdam}
+  base = tf_optimizers._Optimizer.flat_update_rule  # pylint: disable=protected-access
+  for config, optimizer in tf_class.items():
+    has_rule = optimizer.flat_update_rule is not base
+    assert getattr(config, "tf_weight_update_sharding", True) == has_rule, config.__name__

@@ -2,6 +2,7 @@
 indirection): each is a dataclass with the MLPerf reference's names and defaults, validated
 with the harness's public validators, read by jax_optimizers.py and tf_optimizers.py alike."""
 import dataclasses
+from typing import ClassVar
 
 from harness.config import in_range, key_of, one_of, positive
 from harness.errors import UsageError
@@ -104,6 +105,9 @@ class LambConfig:
 class RmsPropConfig:
   """RMSProp with TF semantics and the tensorflow/tpu EfficientNet schedule and EMA
   (models/official/efficientnet main.py / utils.py defaults)."""
+  # TF has no flat rule for RMSProp's weight-update sharding (tf_optimizers.TfRmsProp lacks
+  # flat_update_rule): the command line refuses the flag before a run starts
+  tf_weight_update_sharding: ClassVar[bool] = False
   name: str = "rmsprop"
   base_learning_rate_per_256: float = 0.016  # lr = this x global batch / 256
   warmup_epochs: float = 5.0                 # linear from 0
