@@ -1,6 +1,7 @@
 """The driver's cadence, stopping and logging, with a scripted trainer (no framework needed),
 and the logs it writes checked by the official compliance checker."""
 import json
+import os
 import re
 import math
 
@@ -221,3 +222,15 @@ def test_division_is_closed_only_for_the_reference_model():
   for preset, overrides in (("reference", ["model.moe.num_experts=32"]),
                             ("reference", ["model.hidden_size=512"]), ("mini", [])):
     assert division(spec, preset, spec.configure(preset, overrides)) == "open"
+
+
+def test_the_official_checker_leaves_no_file_where_it_is_run(tmp_path, monkeypatch):
+  """mlperf_logging's checker writes compliance_checker.log into its working directory: `check`
+  runs it in a temporary one, so a user's folder (the repository root) gets nothing."""
+  trainer = ScriptedTrainer([0.95])
+  row, _, _ = _run(tmp_path, trainer)
+  here = tmp_path / "cwd"
+  here.mkdir()
+  monkeypatch.chdir(here)
+  passed, _ = compliance.check(row.log_path)
+  assert passed and os.listdir(here) == []
