@@ -75,8 +75,8 @@ def main():
   method.add_repeats_arg(p)
   args = p.parse_args()
   if args.cpu_devices:
-    from harness.cli import _prepare_devices  # pylint: disable=import-outside-toplevel
-    _prepare_devices(args.framework, args.cpu_devices)
+    from harness import devices  # pylint: disable=import-outside-toplevel
+    devices.prepare(args.framework, args.cpu_devices)
   sides = ("moe-1.25", "moe-2.0", "dense")
   print(f"Transformer {args.layers}+{args.layers} layers, hidden {args.hidden}, d_ff "
         f"{args.filter}, {args.experts} experts every {args.every} layers, groups of "

@@ -8,7 +8,7 @@ import os
 import sys
 import tempfile
 
-from harness import cadence, errors, faults, mesh, registry, rules, supervise
+from harness import cadence, devices, errors, faults, mesh, registry, rules, supervise
 from harness import cluster as cluster_lib
 from harness import config as config_lib
 from harness.errors import EXIT_USAGE, UsageError
@@ -183,19 +183,6 @@ def build_parser():
 
 # ----------------------------------------------------------------------------- commands
 
-def _prepare_devices(framework, cpu_devices):
-  """Must run before the framework is imported: simulated CPU devices are fixed at import."""
-  if cpu_devices and framework == "tf":             # read by workloads/parallel/tf_runtime.py
-    os.environ["HARNESS_CPU_DEVICES"] = str(cpu_devices)
-  if cpu_devices and framework == "jax":
-    flags = os.environ.get("XLA_FLAGS", "")
-    os.environ["XLA_FLAGS"] = (flags + f" --xla_force_host_platform_device_count={cpu_devices}")
-    os.environ.setdefault("JAX_PLATFORMS", "cpu")
-  # TensorFlow's C++ start-up chatter (CUDA probes on a CPU host) would bury our one-line
-  # errors and progress lines; Python-level TF errors still raise. Set it yourself to see it.
-  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-
-
 _PARALLEL_FLAGS = {"mesh": "mesh", "bn_group_size": "bn_group_size",
                    "bn_group_samples": "bn_group_samples",
                    "spatial_partitions": "spatial_partitions", "coordinator": "coordinator",
@@ -312,7 +299,7 @@ def cmd_run(args):
   if args.cluster.source != "single":
     print(args.cluster.line(), flush=True)       # the run's first line: how peers were found
   try:
-    _prepare_devices(args.framework, args.cpu_devices)
+    devices.prepare(args.framework, args.cpu_devices)
     opts = driver.RunOptions(primary=cfg.parallel.process_id == 0, framework=args.framework,
                              preset=args.preset, runs=args.runs, seed=args.seed,
                              steps=args.steps, data_dir=args.data_dir,
@@ -365,7 +352,7 @@ def cmd_list(_):
 
 def cmd_describe(args):
   spec, cfg = _workload_config(args)
-  _prepare_devices(args.framework, args.cpu_devices)
+  devices.prepare(args.framework, args.cpu_devices)
   import copy
   from harness.workload import RunContext
   gbs = cfg.train.global_batch_size

@@ -168,9 +168,11 @@ class WorkloadSpec:
   # (cfg, chips) -> (bytes one chip sends into one all-to-all of the step, what they are), or
   # None: `simulate --workload W --collective all-to-all` (an MoE layer's dispatch)
   all_to_all_bytes: Callable[[Any, int], tuple | None] = lambda cfg, chips: None
-  # (cfg, data_dir) -> the Evaluator of the eval's host side; None: CountEvaluator (the device
+  # (cfg, data_dir, pipeline) -> the Evaluator of the eval's host side, `pipeline()` the
+  # workload's InputPipeline (loaded when called: its reference data, e.g. SSD's ground truth,
+  # comes from there, so an evaluator imports no pipeline); None: CountEvaluator (the device
   # eval step returns [hits, counted])
-  make_evaluator: Callable[[Any, Any], Evaluator] | None = None
+  make_evaluator: Callable[[Any, Any, Callable[[], InputPipeline]], Evaluator] | None = None
 
   @property
   def metric_name(self) -> str:
@@ -183,7 +185,7 @@ class WorkloadSpec:
   def evaluator(self, cfg, data_dir) -> Evaluator:
     if self.make_evaluator is None:
       return CountEvaluator(self.metric.name)
-    return self.make_evaluator(cfg, data_dir)
+    return self.make_evaluator(cfg, data_dir, lambda: self.input_pipeline)
 
   def config(self, preset: str):
     if preset not in self.presets:

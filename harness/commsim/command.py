@@ -12,6 +12,7 @@ import math
 import os
 import re
 
+from harness import devices
 from harness.commsim import algorithms, machine as machine_lib, tables
 from harness.errors import UsageError
 
@@ -186,7 +187,6 @@ def _layout_step(args, topology, kwargs) -> dict:
   from harness import mesh as mesh_lib
   from harness import registry
   from harness.workload import RunContext
-  from harness.cli import _prepare_devices          # pylint: disable=import-outside-toplevel
   layout = mesh_lib.ParallelConfig(mesh=args.mesh).axes()
   data, model = layout["data"], layout["model"]
   others = [a for a in mesh_lib.AXES if a not in ("data", "model") and layout[a] > 1]
@@ -209,7 +209,7 @@ def _layout_step(args, topology, kwargs) -> dict:
   cfg.parallel.mesh, cfg.train.global_batch_size = f"data=1,model={model}", gbs // data
   if hasattr(cfg.data, "init_checkpoint"):
     cfg.data.init_checkpoint = ""
-  _prepare_devices("jax", model)
+  devices.prepare("jax", model)
   trainer = spec.make_trainer("jax", cfg, RunContext(seed=0, preset=args.preset,
                                                      describing=True))
   info = trainer.describe()

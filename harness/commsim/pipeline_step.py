@@ -17,6 +17,7 @@ the figures are upper bounds whose ratios (speedup vs K and M, GPipe's Table 2) 
 """
 import math
 
+from harness import devices
 from harness import mesh as mesh_lib
 from harness import pipeline
 from harness.commsim import algorithms, machine as machine_lib, tables
@@ -28,7 +29,6 @@ TABLE_STAGES, TABLE_MICROBATCHES = (1, 2, 4, 8), (1, 4, 32)
 def _profile(args):
   from harness import registry
   from harness.workload import RunContext
-  from harness.cli import _prepare_devices          # pylint: disable=import-outside-toplevel
   spec = registry.get(args.workload)
   cfg = spec.configure(args.preset, args.overrides)
   axes = mesh_lib.ParallelConfig(mesh=args.mesh).axes()
@@ -50,7 +50,7 @@ def _profile(args):
   cfg.parallel = mesh_lib.ParallelConfig(mesh="data=1")
   if hasattr(cfg.data, "init_checkpoint"):
     cfg.data.init_checkpoint = ""
-  _prepare_devices("jax", 1)
+  devices.prepare("jax", 1)
   trainer = spec.make_trainer("jax", cfg, RunContext(seed=0, preset=args.preset,
                                                      describing=True))
   rows = gbs // data // parallel.microbatches

@@ -29,6 +29,7 @@ papers' "fixed batch size limits data parallelism"):
 """
 import math
 
+from harness import devices
 from harness.commsim import algorithms, machine as machine_lib, tables
 from harness.errors import UsageError
 
@@ -123,7 +124,6 @@ def workload_inputs(args) -> dict:
   batch), and its global batch."""
   from harness import mesh as mesh_lib
   from harness import registry
-  from harness.cli import _prepare_devices          # pylint: disable=import-outside-toplevel
   from harness.workload import RunContext
   if args.flops_per_example is not None and not args.flops_per_example > 0:
     raise UsageError(f"--flops-per-example {args.flops_per_example} is out of range; "
@@ -135,7 +135,7 @@ def workload_inputs(args) -> dict:
     cfg.data.init_checkpoint = ""                # the shapes, not the weights
   cfg.parallel = mesh_lib.ParallelConfig(mesh="data=1")
   cfg.train.global_batch_size = 2
-  _prepare_devices(args.framework, 1)
+  devices.prepare(args.framework, 1)
   try:
     trainer = spec.make_trainer(args.framework, cfg, RunContext(seed=0, preset=args.preset,
                                                                 describing=True))

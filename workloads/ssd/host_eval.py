@@ -43,15 +43,16 @@ class CocoEvaluator:
   run_start) and kept."""
   on_host = True
 
-  def __init__(self, cfg, data_dir, metric_name):
+  def __init__(self, cfg, data_dir, metric_name, pipeline):
+    """`pipeline()`: the workload's input pipeline, which reads the ground truth (tf.data: it
+    loads with the framework, at the first finalize)."""
     self.cfg, self.data_dir, self.metric_name = cfg, data_dir, metric_name
-    self._ground_truth = None
+    self._pipeline, self._ground_truth = pipeline, None
 
   def accumulate(self, acc, outputs):
     return accumulate(acc, outputs, self.cfg)
 
   def finalize(self, acc):
     if self._ground_truth is None:
-      from workloads.ssd import input_pipeline      # tf.data: loaded with the framework
-      self._ground_truth = input_pipeline.eval_ground_truth(self.cfg, self.data_dir)
+      self._ground_truth = self._pipeline().eval_ground_truth(self.cfg, self.data_dir)
     return finalize(acc, self._ground_truth, self.metric_name)

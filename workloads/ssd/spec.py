@@ -282,9 +282,9 @@ def missing_data(cfg, data_dir) -> list[str]:
   return missing
 
 
-def _coco_evaluator(cfg, data_dir):
+def _coco_evaluator(cfg, data_dir, pipeline):
   from workloads.ssd import host_eval          # pycocotools: loaded when a trainer evaluates
-  return host_eval.CocoEvaluator(cfg, data_dir, BOX_MAP.name)
+  return host_eval.CocoEvaluator(cfg, data_dir, BOX_MAP.name, pipeline)
 
 
 SPEC = WorkloadSpec(

@@ -30,14 +30,15 @@ class BleuEvaluator:
   host and scored against their references (read at the first batch, after run_start)."""
   on_host = True
 
-  def __init__(self, cfg, data_dir, metric_name):
+  def __init__(self, cfg, data_dir, metric_name, pipeline):
+    """`pipeline()`: the workload's input pipeline, which reads the eval sentences (tf.data:
+    it loads with the framework, at the first batch)."""
     self.cfg, self.data_dir, self.metric_name = cfg, data_dir, metric_name
-    self._eval_text = None
+    self._pipeline, self._eval_text = pipeline, None
 
   def accumulate(self, acc, outputs):
     if self._eval_text is None:
-      from workloads.transformer import input_pipeline   # tf.data: loaded with the framework
-      self._eval_text = input_pipeline.eval_text(self.cfg, self.data_dir)
+      self._eval_text = self._pipeline().eval_text(self.cfg, self.data_dir)
     return accumulate(acc, outputs, *self._eval_text)
 
   def finalize(self, acc):

@@ -374,9 +374,9 @@ def missing_data(cfg, data_dir) -> list[str]:
                     if not os.path.exists(os.path.join(data_dir, f))]
 
 
-def _bleu_evaluator(cfg, data_dir):
-  from workloads.transformer import host_bleu
-  return host_bleu.BleuEvaluator(cfg, data_dir, BLEU.name)
+def _bleu_evaluator(cfg, data_dir, pipeline):
+  from workloads.transformer import host_bleu   # the BLEU scorer: loaded when a trainer evaluates
+  return host_bleu.BleuEvaluator(cfg, data_dir, BLEU.name, pipeline)
 
 
 SPEC = WorkloadSpec(
