@@ -12,6 +12,7 @@ from harness import config, mesh
 from harness.workload import RunContext
 from workloads.efficientnet import spec
 from workloads.optim.configs import LarsPolyConfig
+from tests.trees import assert_trees_close
 
 GBS = 16
 
@@ -55,10 +56,7 @@ def tf_state(trainer):
 
 
 def assert_close(a, b, rtol=1e-5, atol=1e-6):
-  flat_a, flat_b = (jax.tree_util.tree_leaves_with_path(t) for t in (a, b))
-  assert len(flat_a) == len(flat_b) > 0
-  for (path, x), (_, y) in zip(flat_a, flat_b):
-    np.testing.assert_allclose(x, y, rtol=rtol, atol=atol, err_msg=jax.tree_util.keystr(path))
+  assert_trees_close(a, b, rtol, atol)
 
 
 def test_groups_by_samples_resolve_to_replicas_as_tensorflow_tpu():

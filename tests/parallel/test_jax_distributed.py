@@ -13,6 +13,7 @@ from harness.workload import RunContext
 from tests.conftest import run_workers, start_dying_run
 from workloads.parallel import jax_runtime
 from workloads.resnet import input_pipeline, jax_trainer, spec
+from tests.trees import assert_trees_close
 
 
 def tiny_config(**parallel):
@@ -40,9 +41,8 @@ def params_of(trainer):
   return jax.tree.map(np.asarray, jax.device_get(trainer.state.params))
 
 
-def assert_trees_close(a, b, rtol=1e-5, atol=1e-6):
-  for (path, x), y in zip(jax.tree_util.tree_leaves_with_path(a), jax.tree.leaves(b)):
-    np.testing.assert_allclose(x, y, rtol=rtol, atol=atol, err_msg=jax.tree_util.keystr(path))
+def assert_params_close(a, b, rtol=1e-5, atol=1e-6):
+  assert_trees_close(a, b, rtol, atol)
 
 
 def initialized(width, **parallel):
@@ -87,7 +87,7 @@ def data_parallel():
 
 def test_data_parallel_global_bn_equals_one_device(data_parallel, single_device):
   assert data_parallel.num_devices == 8 and data_parallel.runtime.bn_group_size == 8
-  assert_trees_close(params_of(data_parallel), single_device)
+  assert_params_close(params_of(data_parallel), single_device)
 
 
 def test_describe_counts_the_whole_step_on_any_device_count(data_parallel, single_trainer):
@@ -101,7 +101,7 @@ def test_describe_counts_the_whole_step_on_any_device_count(data_parallel, singl
 
 def test_weight_update_sharding_equals_unsharded_and_cuts_state_8x(single_device):
   sharded = trained(mesh="data=8", weight_update_sharding=True)
-  assert_trees_close(params_of(sharded), single_device)
+  assert_params_close(params_of(sharded), single_device)
   # bytes at the mini preset's width (8): its channel counts divide over 8 replicas
   wide = initialized(width=8, mesh="data=8", weight_update_sharding=True)
   plain = initialized(width=8, mesh="data=8")
@@ -114,7 +114,7 @@ def test_weight_update_sharding_equals_unsharded_and_cuts_state_8x(single_device
 
 
 def test_weight_update_sharding_with_sgd():
-  assert_trees_close(params_of(trained(optimizer="sgd", mesh="data=8",
+  assert_params_close(params_of(trained(optimizer="sgd", mesh="data=8",
                                        weight_update_sharding=True)),
                      params_of(trained(optimizer="sgd", mesh="data=1")))
 
@@ -136,7 +136,7 @@ def test_lamb_trust_ratio_is_over_whole_layers_under_weight_update_sharding():
   with_sharding = jax.jit(step)(params, grads)
   plain = jax.jit(jax.jit(lambda p, g: optax.apply_updates(p, tx.update(g, tx.init(p), p)[0])))(
       params, grads)
-  assert_trees_close(with_sharding, plain)
+  assert_params_close(with_sharding, plain)
   assert runtime.update_sharding((64, 24)).spec[0] == jax_runtime.DATA
 
 
@@ -157,8 +157,8 @@ def test_grouped_bn_equals_a_hand_computed_reference(single_trainer):
     stats = jax.tree.map(lambda *s: sum(s) / 4, *[o[2] for o in outs])
     state = state.apply_gradients(grads=grads, batch_stats=stats)
   grouped.train(3)
-  assert_trees_close(params_of(grouped), jax.device_get(state.params))
-  assert_trees_close(jax.device_get(grouped.state.batch_stats), jax.device_get(state.batch_stats))
+  assert_params_close(params_of(grouped), jax.device_get(state.params))
+  assert_params_close(jax.device_get(grouped.state.batch_stats), jax.device_get(state.batch_stats))
   moved = single_trainer.initial_state.params["classifier"]["kernel"]
   assert not np.allclose(jax.device_get(state.params)["classifier"]["kernel"], moved)
   hlo = grouped._train_step.as_text()
@@ -175,7 +175,7 @@ def test_grouped_bn_differs_from_global_bn(data_parallel):
 def test_spatial_partitioning_equals_unsharded_with_halo_exchange(single_device):
   spatial = trained(mesh="data=4,spatial=2")
   assert spatial.num_devices == 8
-  assert_trees_close(params_of(spatial), single_device, rtol=2e-5)   # as TF's spatial test
+  assert_params_close(params_of(spatial), single_device, rtol=2e-5)   # as TF's spatial test
   counts = jax_runtime.count_collectives(spatial._train_step.as_text())
   assert counts.get("collective-permute", 0) > 0, counts
   image = spatial.runtime.sharding(("batch", "height", "width", "channels"))

@@ -17,6 +17,7 @@ from workloads.parallel import jax_runtime
 from workloads.transformer import jax_model as transformer_model
 from workloads.transformer import jax_trainer as transformer_trainer
 from workloads.transformer import spec as transformer_spec
+from tests.trees import assert_trees_close
 
 pytestmark = pytest.mark.usefixtures("jax_float64")     # tests/conftest.py
 
@@ -80,9 +81,7 @@ def bert_loss(state, batch, params):
 
 
 def assert_trees_equal(a, b):
-  for (path, x), y in zip(jax.tree_util.tree_leaves_with_path(a), jax.tree.leaves(b)):
-    assert np.asarray(x).dtype == np.float64
-    np.testing.assert_allclose(x, y, rtol=RTOL, atol=1e-12, err_msg=jax.tree_util.keystr(path))
+  assert_trees_close(a, b, RTOL, 1e-12, dtype=np.float64)
 
 
 def run_transformer(mesh, wus=False):

@@ -24,6 +24,7 @@ from workloads.resnet import spec as resnet_spec
 from workloads.transformer import jax_model as transformer_model
 from workloads.transformer import jax_trainer as transformer_trainer
 from workloads.transformer import spec as transformer_spec
+from tests.trees import assert_trees_close
 
 pytestmark = pytest.mark.usefixtures("jax_float64")     # tests/conftest.py
 
@@ -32,9 +33,7 @@ GRID = [(k, m) for k in (2, 4) for m in (1, 2, 4, 8)]
 
 
 def assert_close(actual, expected):
-  for a, e in zip(jax.tree.leaves(actual), jax.tree.leaves(expected)):
-    np.testing.assert_allclose(np.asarray(a), np.asarray(e), rtol=RTOL,
-                               atol=RTOL * float(np.max(np.abs(e))))
+  assert_trees_close(actual, expected, RTOL, atol_of_max=True)
 
 
 # ------------------------------------------------------------------ Transformer

@@ -13,6 +13,7 @@ from harness import config
 from harness.workload import RunContext
 from tests.conftest import run_workers, start_dying_run
 from workloads.resnet import input_pipeline, spec
+from tests.trees import assert_trees_close
 
 
 def tiny_config(image_size=16, **parallel):
@@ -44,9 +45,7 @@ def weights_of(trainer):
 
 
 def assert_weights_close(a, b, rtol=1e-5, atol=1e-6):
-  assert a.keys() == b.keys()
-  for key in a:
-    np.testing.assert_allclose(a[key], b[key], rtol=rtol, atol=atol, err_msg=key)
+  assert_trees_close(a, b, rtol, atol)
 
 
 @pytest.fixture(scope="module")

@@ -12,6 +12,7 @@ from harness.workload import RunContext
 from workloads.parallel import tf_layers
 from workloads.parallel import tf_model_parallel as mp
 from workloads.transformer import spec
+from tests.trees import assert_trees_close
 
 RTOL = 1e-9
 
@@ -94,9 +95,7 @@ def restart(trainer, weights):
 
 
 def assert_same(a, b):
-  assert set(a) == set(b)
-  for path in a:
-    np.testing.assert_allclose(a[path], b[path], rtol=RTOL, atol=1e-13, err_msg=str(path))
+  assert_trees_close(a, b, RTOL, 1e-13)
 
 
 @pytest.fixture(scope="module")

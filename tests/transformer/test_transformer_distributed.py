@@ -10,6 +10,7 @@ import pytest
 
 from harness.workload import RunContext
 from workloads.transformer import spec
+from tests.trees import assert_trees_close
 
 GBS = 16
 
@@ -62,10 +63,7 @@ def assert_same_eval(one, many):
 
 
 def assert_close(a, b, rtol, atol):
-  flat_a, flat_b = (jax.tree_util.tree_leaves_with_path(t) for t in (a, b))
-  assert len(flat_a) == len(flat_b) > 0
-  for (path, x), (_, y) in zip(flat_a, flat_b):
-    np.testing.assert_allclose(x, y, rtol=rtol, atol=atol, err_msg=jax.tree_util.keystr(path))
+  assert_trees_close(a, b, rtol, atol)
 
 
 # Adam divides each update by sqrt(v), so an element whose gradient is at float32 rounding
