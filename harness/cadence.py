@@ -1,4 +1,4 @@
-"""Eval schedules, in one place (DESIGN §3). MLPerf has three kinds:
+"""Eval schedules, in one place (docs/architecture.md). MLPerf has three kinds:
 
   every N epochs, the first after N - offset (ResNet: every 4, offset 0..3);
   at a listed set of epochs (SSD v0.7-v1.0: 40, 50, 55, ..., 80);

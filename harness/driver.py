@@ -1,4 +1,4 @@
-"""The timed loop (DESIGN §3): owns time, MLPerf logging, eval cadence and stopping.
+"""The timed loop (docs/architecture.md): owns time, MLPerf logging, eval cadence and stopping.
 
 The driver never touches tensors: it calls a Trainer's init/train/evaluate and logs around
 them. Compilation happens inside init (before run_start); the trainer reads no data before

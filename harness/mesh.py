@@ -1,4 +1,4 @@
-"""Named mesh axes, declared once for every framework (DESIGN §4).
+"""Named mesh axes, declared once for every framework (docs/architecture.md).
 
 A run's devices form a mesh with named axes: `data` (data-parallel replicas, split into groups
 of `bn_group_size` for batch norm), `model` (tensor/Mesh-TF model parallelism), `stage`

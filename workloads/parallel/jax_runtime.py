@@ -1,4 +1,4 @@
-"""The JAX distributed runtime: one jax.sharding.Mesh for any workload (DESIGN §4).
+"""The JAX distributed runtime: one jax.sharding.Mesh for any workload (docs/architecture.md).
 
 Every named axis of harness/mesh.py is an axis of the mesh, in its MESH_ORDER, with the data
 axis split into groups of `bn_group_size` ('replica' x 'bn') so batch-norm statistics can be

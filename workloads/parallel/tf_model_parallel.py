@@ -1,5 +1,5 @@
 """Mesh-TF / Megatron model parallelism on tf.distribute: hand-written SPMD inside the
-replicas of tf_runtime.StrategyRuntime (DESIGN §4; why not DTensor: docs/platform.md).
+replicas of tf_runtime.StrategyRuntime (docs/architecture.md; why not DTensor: docs/platform.md).
 
 A weight split over the `model` axis is a ShardedWeight: one ON_READ tf.Variable of the shard's
 shape whose component on replica r holds shard m(r) (harness.mesh.MESH_ORDER), so a replica

@@ -1,4 +1,4 @@
-"""The TensorFlow distributed runtime on tf.distribute (DESIGN §4), the twin of jax_runtime.py.
+"""The TensorFlow distributed runtime on tf.distribute (docs/architecture.md), the twin of jax_runtime.py.
 
 Replicas are numbered r = d * spatial + j: d is the data-parallel index, j the row slab of the
 image the replica holds when spatial partitioning is on. One host: MirroredStrategy over the
