@@ -45,8 +45,10 @@ def tf_resnet(mesh, microbatches, remat=False):
   return trainer
 
 
-@pytest.mark.parametrize("stages,microbatches,remat", [(2, 2, False), (4, 4, False),
-                                                       (4, 8, True), (2, 1, True)])
+# M = K without remat, M = K = 4 with it, M < K (one micro-batch); each micro-batch is traced
+# into the one TF graph, so M=8 cost twice M=4 and showed nothing more
+@pytest.mark.parametrize("stages,microbatches,remat", [(2, 2, False), (4, 4, True),
+                                                       (2, 1, True)])
 def test_tf_resnet_pipelined_equals_jax_micro_batched_step(stages, microbatches, remat):
   _, batch = resnet_batch()
   (loss, stats), grads = resnet_reference(microbatches)
@@ -100,7 +102,7 @@ def weights(trainer):
 
 
 @pytest.mark.parametrize("mesh,microbatches,remat", [
-    ("stage=2,data=1", 4, False), ("stage=4,data=1", 8, True), ("stage=2,data=2", 2, True),
+    ("stage=2,data=1", 4, False), ("stage=4,data=1", 4, True), ("stage=2,data=2", 2, True),
     ("stage=4,data=1", 1, False)])
 def test_tf_transformer_pipelined_equals_one_replica(one_replica, mesh, microbatches, remat):
   piped = tf_transformer(mesh, microbatches, remat)
