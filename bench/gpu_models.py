@@ -264,7 +264,7 @@ BUILDERS = {"resnet50": build_resnet50, "bert": build_bert, "transformer": build
 
 def check_layout(spec, cfg, data, batch):
   """The synthetic batch has exactly spec.batch_layout's keys, shapes and dtypes."""
-  layout = spec.batch_layout(cfg, batch)
+  layout = spec.SPEC.batch_layout(cfg, batch)
   if set(layout) != set(data):
     raise ValueError(f"batch keys {sorted(data)} differ from spec.batch_layout's {sorted(layout)}")
   for k, (shape, dtype, _) in layout.items():

@@ -144,7 +144,7 @@ def trainer_side(trainer, batch: int, steps: int):
   (its describe has XLA's whole-program count instead)."""
   trainer.init()
   trainer.train(1)
-  flops = trainer.describe().get("model_flops_per_example")
+  flops = trainer.describe().model_flops_per_example
   def measure():
     start = time.perf_counter()
     trainer.train(steps)                               # returns after its one host sync

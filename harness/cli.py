@@ -380,14 +380,12 @@ def cmd_describe(args):
   opt = cfg.optimizer
   print(f"workload:                 {spec.name} ({spec.title}), {args.framework}, "
         f"preset {args.preset}")
-  print(f"parameters:               {info['parameters']:,}")
-  flops = info.get("train_flops_per_example")
-  print("train FLOPs per example:  " + (
-      f"{flops:.4g}" if flops is not None else
-      "not compiled (the mesh has more devices than this machine)" if "layout" in info else
-      "not profiled across TF replicas (describe on 1 device)"))
-  if info.get("model_flops_per_example") is not None:     # TF: 3 x forward matmuls and convs
-    print(f"model FLOPs per example:  {info['model_flops_per_example']:.4g} "
+  print(f"parameters:               {info.parameters:,}")
+  flops = info.train_flops_per_example
+  print("train FLOPs per example:  " + (f"{flops:.4g}" if flops is not None else
+                                        info.flops_missing))
+  if info.model_flops_per_example is not None:     # TF: 3 x forward matmuls and convs
+    print(f"model FLOPs per example:  {info.model_flops_per_example:.4g} "
           "(3 x the forward matmuls and convs)")
   print(f"global batch size:        {gbs}")
   print(f"{args.cluster.line().replace('cluster: ', 'cluster:                  ', 1)}")
@@ -404,7 +402,7 @@ def cmd_describe(args):
   if derived:
     print("derived after --set:      " + ", ".join(f"{k}={v:,}" if isinstance(v, int) else
                                                    f"{k}={v}" for k, v in derived.items()))
-  for label, text in spec.describe_lines(cfg, info["parameters"]):
+  for label, text in spec.describe_lines(cfg, info.parameters):
     print(f"{label + ':':<26}{text}")
   print(f"mesh:                     {trainer.mesh_description}")
   _print_layout(info, small.train.global_batch_size)
@@ -414,14 +412,12 @@ def cmd_describe(args):
 def _print_layout(info, batch):
   """describe's per-device bytes, the parameters a model axis splits or leaves whole, and the
   step's collectives (JAX: from the compiled HLO, by the mesh axes they span)."""
-  if "parameter_bytes_per_device" in info:
-    print(f"parameters / device:      {info['parameter_bytes_per_device']:,} bytes")
-  if "optimizer_state_bytes_per_device" in info:
-    print(f"optimizer state / device: {info['optimizer_state_bytes_per_device']:,} bytes")
-  if info.get("activation_bytes_per_device") is not None:
-    print(f"activations / device:     {info['activation_bytes_per_device']:,} bytes (the compiled "
+  print(f"parameters / device:      {info.parameter_bytes_per_device:,} bytes")
+  print(f"optimizer state / device: {info.optimizer_state_bytes_per_device:,} bytes")
+  if info.activation_bytes_per_device is not None:
+    print(f"activations / device:     {info.activation_bytes_per_device:,} bytes (the compiled "
           f"step's temporaries at global batch {batch})")
-  layout = info.get("layout") or {}
+  layout = info.layout or {}
   if layout.get("split"):
     split = layout["split"]
     print(f"split on non-data axes:   {len(split)} tensors, e.g. " + ", ".join(
@@ -429,37 +425,37 @@ def _print_layout(info, batch):
   if layout.get("whole"):
     print("whole (axis not dividing): " + ", ".join(
         f"{path} ({'/'.join(dims)})" for path, dims in layout["whole"].items()))
-  if "collectives_by_axis" in info:
-    found = info["collectives_by_axis"]
+  if info.collectives_by_axis is not None:
+    found = info.collectives_by_axis
     print("collectives in the step:  " + ("; ".join(
         f"{kind} over {axes}: {tensors} tensors in {ops} ops, {nbytes:,} bytes"
         for (kind, axes), (ops, tensors, nbytes) in sorted(found.items())) or "none"))
-  elif "collectives_in_train_step" in info:
-    kinds, nbytes = info["collectives_in_train_step"], info.get("collective_bytes_in_train_step")
+  elif info.collectives_in_train_step is not None:
+    kinds, nbytes = info.collectives_in_train_step, info.collective_bytes_in_train_step
     print("collectives in the step:  " + (", ".join(
         f"{k} {v}" + (f" ({nbytes[k]:,} bytes)" if nbytes and nbytes.get(k) else "")
         for k, v in sorted(kinds.items())) or "none"))
-  elif "layout" in info:
+  elif info.flops_missing.startswith("not compiled"):
     print("collectives in the step:  not compiled: the mesh has more devices than this machine")
-  if "pipeline" in info:
-    _print_pipeline(info["pipeline"], batch)
+  if info.pipeline is not None:
+    _print_pipeline(info.pipeline, batch)
 
 
 def _print_pipeline(p, batch):
   """describe's GPipe lines: the cut, the bubble, memory with and without remat, permutes."""
-  k, m = p["stages"], p["microbatches"]
-  print(f"pipeline:                 {k} stages x {m} micro-batches, {p['iterations']} "
-        f"iterations a step, bubble (K-1)/(M+K-1) = {p['bubble_fraction']:.4f}")
-  for i, stage in enumerate(p["cut"]):
+  k, m = p.stages, p.microbatches
+  print(f"pipeline:                 {k} stages x {m} micro-batches, {p.iterations} "
+        f"iterations a step, bubble (K-1)/(M+K-1) = {p.bubble_fraction:.4f}")
+  for i, stage in enumerate(p.cut):
     names = stage["layers"]
     shown = names[0] if len(names) == 1 else f"{names[0]} .. {names[-1]}"
     print(f"  stage {i}:                {len(names)} layers ({shown}), "
           f"{stage['parameters']:,} parameters")
-  print(f"  activations / device:   {p['activation_bytes_remat']:,} bytes with remat, "
-        f"{p['activation_bytes_no_remat']:,} without ({p['activation_source']} at global "
-        f"batch {batch}; this run: remat={'on' if p['remat'] else 'off'})")
-  print(f"  stage shifts / device:  {p['permute_bytes_per_step']:,} bytes a step "
-        f"({p['shift_source']}, forward and backward)")
+  print(f"  activations / device:   {p.activation_bytes_remat:,} bytes with remat, "
+        f"{p.activation_bytes_no_remat:,} without ({p.activation_source} at global "
+        f"batch {batch}; this run: remat={'on' if p.remat else 'off'})")
+  print(f"  stage shifts / device:  {p.permute_bytes_per_step:,} bytes a step "
+        f"({p.shift_source}, forward and backward)")
 
 
 def _rcp_line(benchmark, global_batch_size, preset="reference"):

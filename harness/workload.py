@@ -95,10 +95,46 @@ class Trainer(Protocol):
     """The quality metric over the whole eval split: {spec.metric.name: float, 'count': int}
     (three phases in the base trainers: device eval_step, host accumulate, finalize)."""
 
-  def describe(self) -> dict:
-    """{'parameters': int, 'train_flops_per_example': float, 'optimizer_state_bytes_per_device':
-    int, 'collectives_in_train_step': {kind: count}} from the step program; may be called
-    before init (it builds what it needs)."""
+  def describe(self) -> "Description":
+    """The model and its step as compiled (or traced) on this layout; may be called before init
+    (it builds what it needs)."""
+
+
+@dataclasses.dataclass
+class PipelineDescription:
+  """GPipe's figures of a pipelined step (harness/pipeline.py), both frameworks."""
+  stages: int
+  microbatches: int
+  iterations: int                 # of the schedule: microbatches + stages - 1
+  bubble_fraction: float          # (K - 1) / (M + K - 1)
+  cut: list                       # per stage: {'layers': [names], 'parameters': int}
+  remat: bool                     # this run's parallel.remat
+  activation_bytes_remat: int     # per device, with and without re-materialization
+  activation_bytes_no_remat: int
+  activation_source: str          # how the two were measured
+  permute_bytes_per_step: int     # what the stage shifts move per device, forward and back
+  shift_source: str
+
+
+@dataclasses.dataclass
+class Description:
+  """What `describe` reports of a trainer; both frameworks' bases fill it. None: not measured
+  on this layout or in this framework (`flops_missing` says why for the FLOPs)."""
+  parameters: int
+  parameter_bytes_per_device: int           # read from the arrays' shards / the variables
+  optimizer_state_bytes_per_device: int
+  # the step program's FLOPs per example: XLA's cost analysis (JAX), the traced graph's ops (TF)
+  train_flops_per_example: float | None = None
+  flops_missing: str = ""
+  # the model's own FLOPs per example, 3 x its forward matmuls and convolutions (TF)
+  model_flops_per_example: float | None = None
+  activation_bytes_per_device: int | None = None     # the compiled step's temporaries (JAX)
+  collectives_in_train_step: dict | None = None      # {kind: count}
+  collective_bytes_in_train_step: dict | None = None  # {kind: bytes} (TF)
+  # {(kind, mesh axes): (ops, tensors, bytes)} from the compiled HLO (JAX)
+  collectives_by_axis: dict | None = None
+  layout: dict | None = None      # {'split': {path: axes}, 'whole': {path: dims}} (JAX)
+  pipeline: PipelineDescription | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,6 +175,11 @@ class WorkloadSpec:
   # (cfg, train_examples) -> {key: value or (value, {metadata})}, e.g. MLPerf Transformer's
   # max_sequence_length with metadata {'method': 'discard'}
   mllog_hyperparameters: Callable[[Any, int], dict]
+  # (cfg, batch_size, with_mask) -> {feature: (shape, dtype, logical axes)}: a batch as the
+  # input pipeline yields it (eval batches add 'mask'); each framework's trainer base turns it
+  # into its own specs (jax.ShapeDtypeStruct laid out on the mesh, tf.TensorSpec) and compiles
+  # before any data
+  batch_layout: Callable[[Any, int, bool], dict]
   bn_span: Callable[[Any, int], int] | None = None    # (cfg, num_devices) -> model_bn_span
   # Hyperparameters that follow from others (eval interval from the batch, decay steps from
   # the sample budget): filled in place after --set, only where the config leaves them 0.

@@ -6,7 +6,7 @@ import math
 import pytest
 
 from harness import config, registry
-from harness.workload import RunContext
+from harness.workload import Description, RunContext
 
 
 
@@ -35,8 +35,9 @@ def _check_trainer(spec, framework, data_dir):
   if spec.name != "bert":            # every eval example once (BERT counts masked tokens)
     assert result["count"] == cfg.data.eval_examples
   info = trainer.describe()
-  assert info["parameters"] > 0
-  return info["parameters"]
+  assert isinstance(info, Description) and info.parameters > 0
+  assert info.parameter_bytes_per_device > 0 and info.optimizer_state_bytes_per_device > 0
+  return info.parameters
 
 
 @pytest.mark.parametrize("name", registry.names())

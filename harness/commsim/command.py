@@ -213,9 +213,9 @@ def _layout_step(args, topology, kwargs) -> dict:
   trainer = spec.make_trainer("jax", cfg, RunContext(seed=0, preset=args.preset,
                                                      describing=True))
   info = trainer.describe()
-  ops, tensors, activation_bytes = info["collectives_by_axis"].get(("all-reduce", "model"),
+  ops, tensors, activation_bytes = (info.collectives_by_axis or {}).get(("all-reduce", "model"),
                                                                    (0, 0, 0))
-  grad_bytes = info["parameter_bytes_per_device"] // 4 * GRAD_DTYPES[args.grad_dtype]
+  grad_bytes = info.parameter_bytes_per_device // 4 * GRAD_DTYPES[args.grad_dtype]
   out = {"layout": f"data={data},model={model}", "per_replica_batch": gbs // data,
          "gradient_bytes": grad_bytes, "model_all_reduces": ops,
          "model_all_reduce_tensors": tensors, "model_all_reduce_bytes": activation_bytes}

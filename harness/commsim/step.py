@@ -149,7 +149,7 @@ def workload_inputs(args) -> dict:
     sizes = list(trainer.parameter_sizes().values())
   flops = args.flops_per_example
   if flops is None:
-    flops = float(trainer.describe()["train_flops_per_example"])
+    flops = float(trainer.describe().train_flops_per_example)
   return {"spec": spec, "sizes": sizes, "flops_per_example": flops,
           "global_batch": global_batch, "flops_source": "--flops-per-example"
           if args.flops_per_example is not None else

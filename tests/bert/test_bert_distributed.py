@@ -98,5 +98,5 @@ def test_tf_data_parallel_and_weight_update_sharding_equal_one_replica():
     assert trainer.num_devices == 2
     # key/bias: zero gradient in exact arithmetic, and Adam amplifies float32 noise in it
     assert_trees_close(tf_weights(trainer), single, 1e-5, 1e-6, skip=("key/bias']",))
-  assert trainer.describe()["optimizer_state_bytes_per_device"] * 2 < 1.01 * sum(
+  assert trainer.describe().optimizer_state_bytes_per_device * 2 < 1.01 * sum(
       2 * 4 * v.size for v in single.values())               # m and v, one half each

@@ -19,6 +19,7 @@ import pytest
 import tensorflow as tf
 
 from tests.conftest import rel_err, workload_config
+from tests.trees import assert_trees_close
 
 from workloads.bert import checkpoint, jax_model, spec, tf_model, tf_trainer
 from workloads.optim.configs import LambConfig
@@ -379,3 +380,29 @@ def test_tf1_checkpoint_loads_into_both_models(tmp_path):
   assert rel_err(tf_mlm, jax_mlm) < 1e-5 and rel_err(tf_nsp, jax_nsp) < 1e-5
   with pytest.raises(ValueError, match="lacks"):
     jax_model.load_tf1_checkpoint(shapes["params"], prefix, TINY.num_layers + 1)
+
+
+def test_jax_trainer_starts_from_the_reference_checkpoint(tmp_path):
+  """The trainer's load_weights (the base's init calls it after initialising) puts the TF1
+  checkpoint's values in the state, placed as the initialised parameters were."""
+  from harness.workload import RunContext
+  from workloads.bert import jax_trainer
+  cfg = config(TINY)
+  trainer = jax_trainer.make_trainer(cfg, RunContext(seed=0, preset="tiny"))
+  rng = jax.random.key(0)
+  shardings = trainer.state_shardings(trainer.create_state, rng)
+  state = trainer.initial_state(shardings, rng)
+  rng_np = np.random.default_rng(5)
+  values = {}
+  for name, path, transpose in checkpoint.tf1_variable_table(TINY.num_layers):
+    shape = _get(state.params, path).shape
+    values[name] = rng_np.normal(0, 0.2, shape[::-1] if transpose else shape).astype(np.float32)
+  prefix = str(tmp_path / "model.ckpt-1")
+  write_tf1_checkpoint(prefix, values)
+  assert trainer.load_weights(state, shardings) is state         # no checkpoint configured
+  cfg.data.source, cfg.data.init_checkpoint = "tfrecord", prefix
+  loaded = trainer.load_weights(state, shardings)
+  expected = jax_model.load_tf1_checkpoint(jax.eval_shape(lambda: state.params), prefix,
+                                           TINY.num_layers)
+  assert_trees_close(loaded.params, expected, rtol=0)
+  assert jax.tree.map(lambda a: a.sharding, loaded.params) == shardings.params

@@ -94,8 +94,8 @@ def test_describe_counts_the_whole_step_on_any_device_count(data_parallel, singl
   """XLA's cost analysis of a partitioned step is per device; describe's FLOPs per example (and
   so MFU) must not shrink 8x on 8 devices. Up to the optimizer update, which each device
   repeats on its replica of the weights, the two count the same work."""
-  one = single_trainer.describe()["train_flops_per_example"]
-  eight = data_parallel.describe()["train_flops_per_example"]
+  one = single_trainer.describe().train_flops_per_example
+  eight = data_parallel.describe().train_flops_per_example
   assert 0.95 < eight / one < 1.3
 
 

@@ -220,11 +220,11 @@ def test_compiled_step_shifts_with_collective_permutes_and_remat_lowers_temporar
   ops, tensors, nbytes = found[("collective-permute", "stage")]
   assert ops in (2, 4) and tensors == ops and nbytes == tensors * 2 * 12 * 32 * 8
   assert not [key for key in found if key[0] == "collective-permute" and key[1] != "stage"]
-  info = t.describe()["pipeline"]
-  assert 0 < info["activation_bytes_remat"] < info["activation_bytes_no_remat"]
-  assert info["iterations"] == 2 + 4 - 1
-  assert info["bubble_fraction"] == pytest.approx(3 / 5)
+  info = t.describe().pipeline
+  assert 0 < info.activation_bytes_remat < info.activation_bytes_no_remat
+  assert info.iterations == 2 + 4 - 1
+  assert info.bubble_fraction == pytest.approx(3 / 5)
   table = pipeline.schedule(4, 2)
-  assert len(table) == info["iterations"]
+  assert len(table) == info.iterations
   idle = sum(slot is None for row in table for slot in row) / (4 * len(table))
-  assert idle == pytest.approx(info["bubble_fraction"])
+  assert idle == pytest.approx(info.bubble_fraction)

@@ -80,8 +80,8 @@ def test_weight_update_sharding_matches_unsharded_and_cuts_state_4x(single_repli
                                                                    data_parallel):
   sharded = trained(mesh="data=4", weight_update_sharding=True)
   assert_weights_close(weights_of(sharded), weights_of(single_replica))
-  ratio = (sharded.describe()["optimizer_state_bytes_per_device"]
-           / data_parallel.describe()["optimizer_state_bytes_per_device"])
+  ratio = (sharded.describe().optimizer_state_bytes_per_device
+           / data_parallel.describe().optimizer_state_bytes_per_device)
   assert abs(ratio - 1 / 4) < 0.01 / 4, ratio
   slot = sharded.sharded.slots["velocity"]
   assert [v.shape[0] for v in slot.values] == [sharded.sharded.shard] * 4

@@ -154,7 +154,7 @@ def test_each_replica_holds_only_its_shard_and_shard_gradients_stay_off_model():
   assert nbytes["all_reduce_over_model"] <= calls["all_reduce_over_model"] * 4 * 12 * 32 * 8
   info = trainer.describe()
   whole_bytes = sum(int(np.prod(v.shape)) * 8 for v in trainer.model.trainable_variables)
-  assert info["parameter_bytes_per_device"] == whole_bytes + sum(
+  assert info.parameter_bytes_per_device == whole_bytes + sum(
       int(np.prod(w.full_shape)) * 8 // 4 for w in rt.sharded_weights)
 
 

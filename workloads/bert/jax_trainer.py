@@ -13,7 +13,7 @@ from flax.training import train_state
 
 from workloads.bert import input_pipeline, jax_model, spec
 from workloads.optim import jax_optimizers
-from workloads.parallel.jax_trainer_base import MeshTrainer
+from workloads.parallel.jax_trainer_base import MeshTrainer, apply_update
 
 
 
@@ -33,9 +33,7 @@ def loss_and_grads(state, params, batch, train=True):
 
 def train_step(state, batch, *, runtime):
   loss, grads = loss_and_grads(state, state.params, batch)
-  grads = runtime.constrain_update(grads)            # weight-update sharding: shard the update
-  state = state.apply_gradients(grads=grads)
-  return state.replace(params=runtime.restore_param_layout(state.params)), loss
+  return apply_update(state, grads, runtime), loss
 
 
 def eval_step(state, batch):
@@ -47,7 +45,7 @@ def eval_step(state, batch):
 
 
 class BertTrainer(MeshTrainer):
-  spec_module = spec
+  spec = spec.SPEC
 
   def __init__(self, cfg, ctx):
     super().__init__(cfg, ctx)
@@ -60,24 +58,24 @@ class BertTrainer(MeshTrainer):
     positions = jnp.zeros((1, self.cfg.data.max_predictions_per_seq), jnp.int32)
     return self.model.init(rng, ids, ids, ids, positions)["params"]
 
-  def create_state(self, rng, params=None):
+  def create_state(self, rng):
     init_key, dropout_key = jax.random.split(rng)
-    params = self.init_params(init_key) if params is None else params
-    return TrainState.create(apply_fn=self.model.apply, params=params, tx=self.tx,
-                             dropout_key=dropout_key)
+    return TrainState.create(apply_fn=self.model.apply, params=self.init_params(init_key),
+                             tx=self.tx, dropout_key=dropout_key)
 
-  def init(self):
-    """Initialises (or loads the reference checkpoint into) the state on the mesh and compiles
-    both steps, before run_start."""
-    rng = jax.random.key(self.ctx.seed)
-    shardings = self.state_shardings(self.create_state, rng)
-    params = None
-    if self.cfg.data.init_checkpoint and self.cfg.data.source == "tfrecord":
-      params = jax_model.load_tf1_checkpoint(
-          jax.eval_shape(self.init_params, rng), input_pipeline.checkpoint_path(self.cfg, self.ctx),
-          self.cfg.model.num_layers)
-    self.state = self.initial_state(shardings, rng, params)
-    self.compile_steps(functools.partial(train_step, runtime=self.runtime), shardings)
+  def load_weights(self, state, shardings):
+    """The reference's TF1 checkpoint over the initialised parameters (the MLPerf run starts
+    from it), placed as they were. LAMB's moments start at zero whatever the parameters."""
+    if not (self.cfg.data.init_checkpoint and self.cfg.data.source == "tfrecord"):
+      return state
+    params = jax_model.load_tf1_checkpoint(
+        jax.eval_shape(lambda: state.params), input_pipeline.checkpoint_path(self.cfg, self.ctx),
+        self.cfg.model.num_layers)
+    return state.replace(params=jax.device_put(params, shardings.params))
+
+  def train_step_fn(self, remat=None):
+    del remat                                        # BERT does not pipeline
+    return functools.partial(train_step, runtime=self.runtime)
 
   def eval_step(self, state, batch):
     return eval_step(state, batch)

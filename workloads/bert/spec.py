@@ -249,6 +249,7 @@ SPEC = WorkloadSpec(
     mesh_axes=("data", "model"),
     split_dims=lambda cfg: {"length": cfg.data.max_seq_length, "heads": cfg.model.num_heads,
                             "mlp": cfg.model.intermediate_size, "vocab": cfg.model.vocab_size},
+    batch_layout=batch_layout,
     param_axes=PARAM_AXES,
     data_dir_contents=("a folder with the MLPerf BERT TFRecords (part-*, eval_10k) and "
                        "tf1_ckpt/model.ckpt-28252"),

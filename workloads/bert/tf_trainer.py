@@ -55,7 +55,7 @@ def masked_lm_correct(mlm_logits, batch, example_mask):
 
 
 class BertTrainer(StrategyTrainer):
-  spec_module = spec
+  spec = spec.SPEC
 
   def __init__(self, cfg, ctx):
     super().__init__(cfg, ctx)

@@ -18,7 +18,7 @@ from workloads.common import jax_top1
 from workloads.efficientnet import jax_model, spec
 from workloads.optim import jax_optimizers
 from workloads.parallel import jax_runtime
-from workloads.parallel.jax_trainer_base import MeshTrainer
+from workloads.parallel.jax_trainer_base import MeshTrainer, apply_update
 
 
 class TrainState(train_state.TrainState):
@@ -60,11 +60,9 @@ def train_step(state, batch, *, runtime, num_classes, label_smoothing, ema_decay
   else:
     loss, grads, stats = loss_and_grads(state.apply_fn, state.params, state.batch_stats, batch,
                                         key, **kw)
-  grads = runtime.constrain_update(grads)            # weight-update sharding: shard the update
-  state = state.apply_gradients(grads=grads, batch_stats=stats)
-  params = runtime.restore_param_layout(state.params)
+  state = apply_update(state, grads, runtime, batch_stats=stats)
   state = state.replace(
-      params=params, ema_params=ema_update(state.ema_params, params, ema_decay, state.step),
+      ema_params=ema_update(state.ema_params, state.params, ema_decay, state.step),
       ema_batch_stats=ema_update(state.ema_batch_stats, stats, ema_decay, state.step))
   return state, loss
 
@@ -77,7 +75,7 @@ def eval_step(state, batch):
 
 
 class EfficientNetTrainer(MeshTrainer):
-  spec_module = spec
+  spec = spec.SPEC
 
   def __init__(self, cfg, ctx):
     super().__init__(cfg, ctx)
@@ -97,16 +95,13 @@ class EfficientNetTrainer(MeshTrainer):
                              ema_batch_stats=variables["batch_stats"],
                              dropout_key=jax.random.key_data(dropout_key))
 
-  def init(self):
-    rng = jax.random.key(self.ctx.seed)
-    shardings = self.state_shardings(self.create_state, rng)
-    self.state = self.initial_state(shardings, rng)
-    step = functools.partial(train_step, runtime=self.runtime,
+  def train_step_fn(self, remat=None):
+    del remat                                        # EfficientNet does not pipeline
+    return functools.partial(train_step, runtime=self.runtime,
                              num_classes=self.cfg.model.num_classes,
                              label_smoothing=self.cfg.optimizer.label_smoothing,
                              ema_decay=self.cfg.optimizer.ema_decay,
                              l2=spec.loss_l2(self.cfg))
-    self.compile_steps(step, shardings)
 
   def eval_step(self, state, batch):
     return eval_step(state, batch)

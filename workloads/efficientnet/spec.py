@@ -14,6 +14,7 @@ from harness.config import TrainConfig, in_range, one_of, positive
 from harness.errors import UsageError
 from harness.mesh import ParallelConfig
 from harness.workload import TOP1, WorkloadSpec
+from workloads.common import image_batch
 from workloads.optim import schedules
 from workloads.optim.configs import LarsPolyConfig, RmsPropConfig
 
@@ -231,16 +232,6 @@ def loss_l2(cfg) -> float:
   return cfg.optimizer.weight_decay if cfg.optimizer.name == "lars" else 0.0
 
 
-def batch_layout(cfg, batch_size: int, with_mask: bool = False) -> dict:
-  size = cfg.data.image_size
-  layout = {"image": ((batch_size, size, size, 3), "float32",
-                      ("batch", "height", "width", "channels")),
-            "label": ((batch_size,), "int32", ("batch",))}
-  if with_mask:
-    layout["mask"] = ((batch_size,), "float32", ("batch",))
-  return layout
-
-
 # Every parameter's logical axes (flax paths; Keras layer names are the same joined by '_').
 PARAM_AXES = (
     (r"predictions/kernel", ("channels", "classes")),
@@ -302,6 +293,7 @@ SPEC = WorkloadSpec(
     bn_span=lambda cfg, data_replicas: mesh.bn_span(cfg.parallel, data_replicas,
                                                      cfg.train.global_batch_size),
     mesh_axes=("data",),
+    batch_layout=image_batch.batch_layout,
     param_axes=PARAM_AXES,
     missing_data=missing_data,
     needs_data_dir=("reference", "large_batch"),

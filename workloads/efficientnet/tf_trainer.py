@@ -41,7 +41,7 @@ def averaged_weights(model):
 
 
 class EfficientNetTrainer(StrategyTrainer):
-  spec_module = spec
+  spec = spec.SPEC
 
   def __init__(self, cfg, ctx):
     super().__init__(cfg, ctx)

@@ -34,7 +34,7 @@ import tensorflow as tf
 from jax.experimental import multihost_utils
 
 from harness import mesh, pipeline as gpipe
-from harness.workload import is_synthetic
+from harness.workload import Description, PipelineDescription, is_synthetic
 from workloads.common import moe
 from workloads.parallel import jax_runtime
 
@@ -46,18 +46,36 @@ tf.config.set_visible_devices([], "GPU")
 LEVEL_0 = {"xla_backend_optimization_level": 0}
 
 
+def apply_update(state, grads, runtime, **fields):
+  """How every JAX train step ends, after the workload's loss and gradients: the update
+  sharded over the data axis under weight-update sharding (constrain_update), the optimizer
+  applied (flax TrainState.apply_gradients, `fields`: what else the step replaces, e.g. batch
+  statistics), and the parameters laid out again as the model reads them."""
+  grads = runtime.constrain_update(grads)
+  state = state.apply_gradients(grads=grads, **fields)
+  return state.replace(params=runtime.restore_param_layout(state.params))
+
+
 class MeshTrainer:
-  spec_module = None            # the workload's spec.py (batch_layout, PARAM_AXES, SPEC); its
-                                # SPEC gives the input pipeline and the eval's host side
+  spec = None                   # the workload's WorkloadSpec (harness/workload.py): its batch
+                                # layout, parameter axes, mesh axes, input pipeline and the
+                                # eval's host side
 
   # ------------------------------------------------------------------ what a workload supplies
-  def init(self):
-    """Builds self.state on the mesh and calls compile_steps (before run_start)."""
-    raise NotImplementedError
-
   def create_state(self, rng):
     """The train state (params, optimizer state, ...) from a PRNG key; init jits it."""
     raise NotImplementedError
+
+  def train_step_fn(self, remat=None):
+    """The train step, (state, batch) -> (state, loss): the workload's loss and gradients,
+    then `apply_update` (below). `remat` overrides parallel.remat (describe compiles both)."""
+    raise NotImplementedError
+
+  def load_weights(self, state, shardings):
+    """The state with weights the config names loaded over the initialised ones (a reference
+    checkpoint), placed per `shardings`; not called when describing. Default: none."""
+    del shardings
+    return state
 
   def eval_step(self, state, batch):
     """Device: the outputs of one eval batch (default protocol: [correct, counted])."""
@@ -80,7 +98,7 @@ class MeshTrainer:
     self.cfg, self.ctx = cfg, ctx
     self.runtime = runtime = jax_runtime.MeshRuntime(cfg.parallel, cfg.train.global_batch_size,
                                                      describing=ctx.describing)
-    spec = self.spec_module.SPEC
+    spec = self.spec
     mesh.check_workload_axes(runtime.shape, spec.name, spec.mesh_axes)
     # GPipe (stage axis or micro-batches): layers per stage, None without a pipeline
     self.stage_cut = None
@@ -119,7 +137,7 @@ class MeshTrainer:
     return math.ceil(self.cfg.data.eval_batch_size / unit) * unit
 
   def batch_layout(self, batch_size, with_mask=False):
-    return self.spec_module.batch_layout(self.cfg, batch_size, with_mask)
+    return self.spec.batch_layout(self.cfg, batch_size, with_mask)
 
   def batch_axes(self, with_mask=False):
     return {k: axes for k, (_, _, axes) in self.batch_layout(1, with_mask).items()}
@@ -141,10 +159,20 @@ class MeshTrainer:
     create = jax.jit(self.create_state, out_shardings=shardings)
     return create.lower(*args).compile(compiler_options=LEVEL_0)(*args)
 
+  def init(self):
+    """Initialises the state on the mesh (create_state, then load_weights) and compiles both
+    steps, before run_start."""
+    rng = jax.random.key(self.ctx.seed)
+    shardings = self.state_shardings(self.create_state, rng)
+    self.state = self.initial_state(shardings, rng)
+    if not self.describing:
+      self.state = self.load_weights(self.state, shardings)
+    self.compile_steps(self.train_step_fn(), shardings)
+
   def state_shardings(self, create_state, rng):
     """Shardings of the state `create_state(rng)` builds, per the runtime's layout rules."""
     return self.runtime.state_shardings(jax.eval_shape(create_state, rng),
-                                        self.spec_module.PARAM_AXES)
+                                        self.spec.param_axes)
 
   def pipelined(self, loss_and_grads, remat=None):
     """A workload's GPipe `loss_and_grads(model, runtime, cut, ..., remat=)` with the model,
@@ -266,7 +294,7 @@ class MeshTrainer:
     re-materialization (the other one compiled here), and the bytes the stage shifts move per
     step per device (the permutes' result bytes in the compiled step, each run once per
     iteration of its loop: forward and backward)."""
-    rt, spec = self.runtime, self.spec_module.SPEC
+    rt, spec = self.runtime, self.spec
     sizes = self.parameter_sizes()
     remat = self.cfg.parallel.remat
     temp = {remat: self._train_step.memory_analysis().temp_size_in_bytes}
@@ -278,14 +306,15 @@ class MeshTrainer:
     iterations = gpipe.iterations(rt.stage, rt.microbatches)
     permutes = rt.collectives_by_axis(self._train_step.as_text()).get(
         ("collective-permute", "stage"), [0, 0, 0])
-    return {"stages": rt.stage, "microbatches": rt.microbatches, "iterations": iterations,
-            "bubble_fraction": gpipe.bubble_fraction(rt.stage, rt.microbatches),
-            "cut": gpipe.stage_summary(spec.pipeline_layers(self.cfg), self.stage_cut, sizes),
-            "remat": remat, "activation_bytes_remat": int(temp[True]),
-            "activation_bytes_no_remat": int(temp[False]),
-            "activation_source": "the compiled step's temporaries",
-            "permute_bytes_per_step": int(permutes[2]) * iterations,
-            "shift_source": "collective permutes, one an iteration, bubbles included"}
+    return PipelineDescription(
+        stages=rt.stage, microbatches=rt.microbatches, iterations=iterations,
+        bubble_fraction=gpipe.bubble_fraction(rt.stage, rt.microbatches),
+        cut=gpipe.stage_summary(spec.pipeline_layers(self.cfg), self.stage_cut, sizes),
+        remat=remat, activation_bytes_remat=int(temp[True]),
+        activation_bytes_no_remat=int(temp[False]),
+        activation_source="the compiled step's temporaries",
+        permute_bytes_per_step=int(permutes[2]) * iterations,
+        shift_source="collective permutes, one an iteration, bubbles included")
 
   def describe(self):
     """The compiled step's cost analysis, HLO and memory analysis, and the layout: bytes per
@@ -299,23 +328,24 @@ class MeshTrainer:
     if not hasattr(self, "_train_step") and not (rt.abstract and hasattr(self, "state")):
       self.describing = True
       self.init()
-    params = sum(math.prod(x.shape) for x in jax.tree.leaves(self.state.params))
-    info = {"parameters": params,
-            "parameter_bytes_per_device": jax_runtime.per_device_bytes(self.state.params),
-            "optimizer_state_bytes_per_device": jax_runtime.per_device_bytes(self.state.opt_state),
-            "layout": rt.layout_summary(self.spec_module.PARAM_AXES)}
+    info = Description(
+        parameters=sum(math.prod(x.shape) for x in jax.tree.leaves(self.state.params)),
+        parameter_bytes_per_device=jax_runtime.per_device_bytes(self.state.params),
+        optimizer_state_bytes_per_device=jax_runtime.per_device_bytes(self.state.opt_state),
+        layout=rt.layout_summary(self.spec.param_axes))
     if rt.abstract:
+      info.flops_missing = "not compiled (the mesh has more devices than this machine)"
       return info
     if self.stage_cut:
-      info["pipeline"] = self._describe_pipeline()
+      info.pipeline = self._describe_pipeline()
     cost = self._train_step.cost_analysis()
     cost = cost[0] if isinstance(cost, (list, tuple)) else cost
     # XLA's cost analysis of a partitioned program is one device's share: x devices for the step
     flops = float(cost.get("flops", float("nan"))) if cost else float("nan")
+    info.train_flops_per_example = flops * self.num_devices / self.cfg.train.global_batch_size
     hlo = self._train_step.as_text()
     memory = self._train_step.memory_analysis()
-    return {**info,
-            "train_flops_per_example": flops * self.num_devices / self.cfg.train.global_batch_size,
-            "activation_bytes_per_device": int(memory.temp_size_in_bytes) if memory else None,
-            "collectives_in_train_step": jax_runtime.count_collectives(hlo),
-            "collectives_by_axis": rt.collectives_by_axis(hlo)}
+    info.activation_bytes_per_device = int(memory.temp_size_in_bytes) if memory else None
+    info.collectives_in_train_step = jax_runtime.count_collectives(hlo)
+    info.collectives_by_axis = rt.collectives_by_axis(hlo)
+    return info

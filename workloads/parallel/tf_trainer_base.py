@@ -35,7 +35,7 @@ import numpy as np
 import tensorflow as tf
 
 from harness import mesh, pipeline as gpipe
-from harness.workload import is_synthetic
+from harness.workload import Description, PipelineDescription, is_synthetic
 from workloads.common import moe
 from workloads.common.batching import eval_batches_per_host, host_batch_size
 from workloads.parallel import tf_layers, tf_model_parallel, tf_pipeline, tf_runtime
@@ -43,8 +43,8 @@ from workloads.parallel.tf_flops import graph_flops, model_flops
 
 
 class StrategyTrainer:
-  spec_module = None            # the workload's spec.py (batch_layout, SPEC); its SPEC gives
-                                # the input pipeline and the eval's host side
+  spec = None                   # the workload's WorkloadSpec (harness/workload.py): its batch
+                                # layout, mesh axes, input pipeline and the eval's host side
 
   # ------------------------------------------------------------------ what a workload supplies
   def make_model(self, runtime):
@@ -87,7 +87,7 @@ class StrategyTrainer:
     self.cfg, self.ctx = cfg, ctx
     self.runtime = rt = tf_runtime.StrategyRuntime(cfg.parallel,
                                                           cfg.train.global_batch_size)
-    spec = self.spec_module.SPEC
+    spec = self.spec
     mesh.check_workload_axes(rt.shape, spec.name, spec.mesh_axes)
     self.strategy = rt.strategy
     gbs = cfg.train.global_batch_size
@@ -123,11 +123,11 @@ class StrategyTrainer:
   # ------------------------------------------------------------------ data
   def batch_spec(self, batch_size, with_mask=False):
     return {k: tf.TensorSpec(shape, dtype) for k, (shape, dtype, _) in
-            self.spec_module.batch_layout(self.cfg, batch_size, with_mask).items()}
+            self.spec.batch_layout(self.cfg, batch_size, with_mask).items()}
 
   def batch_axes(self, with_mask=False):
     return {k: axes for k, (_, _, axes) in
-            self.spec_module.batch_layout(self.cfg, 1, with_mask).items()}
+            self.spec.batch_layout(self.cfg, 1, with_mask).items()}
 
   def train_dataset(self, process_index, process_count):
     """This host's slice of every global training batch (real, mini or synthetic data)."""
@@ -361,7 +361,7 @@ class StrategyTrainer:
     traced step's graph: tf_pipeline.kept_for_backward_bytes; TF has no memory analysis of a
     CPU program), and the bytes shifted between stage devices per step (forward and back);
     per device as the mean over the stage x data devices."""
-    rt, spec, parallel = self.runtime, self.spec_module.SPEC, self.cfg.parallel
+    rt, spec, parallel = self.runtime, self.spec, self.cfg.parallel
     sizes = self.parameter_sizes()
     specs = self.batch_spec(self.cfg.train.global_batch_size)
     kept, saved = {}, parallel.remat
@@ -373,14 +373,15 @@ class StrategyTrainer:
     finally:
       parallel.remat = saved
     iterations, n = gpipe.iterations(rt.stage, rt.microbatches), rt.num_devices
-    return {"stages": rt.stage, "microbatches": rt.microbatches, "iterations": iterations,
-            "bubble_fraction": gpipe.bubble_fraction(rt.stage, rt.microbatches),
-            "cut": gpipe.stage_summary(spec.pipeline_layers(self.cfg), self.stage_cut, sizes),
-            "remat": saved, "activation_bytes_remat": kept[True] // n,
-            "activation_bytes_no_remat": kept[False] // n,
-            "activation_source": "forward tensors the traced backward reads, mean per device",
-            "permute_bytes_per_step": 2 * self.shifted_bytes // n,
-            "shift_source": "cross-device copies of micro-batches, mean per device"}
+    return PipelineDescription(
+        stages=rt.stage, microbatches=rt.microbatches, iterations=iterations,
+        bubble_fraction=gpipe.bubble_fraction(rt.stage, rt.microbatches),
+        cut=gpipe.stage_summary(spec.pipeline_layers(self.cfg), self.stage_cut, sizes),
+        remat=saved, activation_bytes_remat=kept[True] // n,
+        activation_bytes_no_remat=kept[False] // n,
+        activation_source="forward tensors the traced backward reads, mean per device",
+        permute_bytes_per_step=2 * self.shifted_bytes // n,
+        shift_source="cross-device copies of micro-batches, mean per device")
 
   def describe(self):
     """Works before init: one replica needs only the built model and the traced (not compiled
@@ -388,30 +389,33 @@ class StrategyTrainer:
     if not hasattr(self, "model"):
       self.init() if self.runtime.distributed else self.build()
     shards = self.runtime.sharded_weights
-    params = int(sum(np.prod(v.shape) for v in self.model.trainable_variables)
-                 + sum(np.prod(w.full_shape) for w in shards))
-    out = {"parameters": params, "parameter_bytes_per_device": int(
-        sum(np.prod(v.shape) * np.dtype(v.dtype).itemsize
-            for v in self.model.trainable_variables)
-        + sum(w.bytes_per_replica() for w in shards))}
-    if not self.runtime.distributed:
+    info = Description(
+        parameters=int(sum(np.prod(v.shape) for v in self.model.trainable_variables)
+                       + sum(np.prod(w.full_shape) for w in shards)),
+        parameter_bytes_per_device=int(
+            sum(np.prod(v.shape) * np.dtype(v.dtype).itemsize
+                for v in self.model.trainable_variables)
+            + sum(w.bytes_per_replica() for w in shards)),
+        optimizer_state_bytes_per_device=(
+            self.sharded.state_bytes_per_replica() if self.sharded is not None else
+            int(sum(np.prod(v.shape) * np.dtype(v.dtype).itemsize
+                    for v in self.optimizer.variables if v is not self.optimizer.iterations)))
+        + (self.model_update.state_bytes_per_replica() if self.model_update is not None else 0))
+    if self.runtime.distributed:
+      info.flops_missing = "not profiled across TF replicas (describe on 1 device)"
+    else:
       gbs = self.cfg.train.global_batch_size
       specs = self.batch_spec(gbs)
-      out["train_flops_per_example"] = graph_flops(self._step, specs) / gbs
-      out["model_flops_per_example"] = model_flops(
+      info.train_flops_per_example = graph_flops(self._step, specs) / gbs
+      info.model_flops_per_example = model_flops(
           self._step.get_concrete_function(specs).graph) / gbs
-    out["optimizer_state_bytes_per_device"] = (
-        self.sharded.state_bytes_per_replica() if self.sharded is not None else
-        int(sum(np.prod(v.shape) * np.dtype(v.dtype).itemsize for v in self.optimizer.variables
-                if v is not self.optimizer.iterations))) + (
-        self.model_update.state_bytes_per_replica() if self.model_update is not None else 0)
     if self.stage_cut:
-      out["pipeline"] = self._describe_pipeline()
+      info.pipeline = self._describe_pipeline()
     if self.runtime.collective_calls:     # counted while tracing, once per replica
       n = self.runtime.num_replicas
-      out["collectives_in_train_step"] = {k: v // n for k, v in
-                                          self.runtime.collective_calls.items()}
-      out["collective_bytes_in_train_step"] = {k: v // n for k, v in
-                                               self.runtime.collective_bytes.items()}
-    return out
+      info.collectives_in_train_step = {k: v // n for k, v in
+                                        self.runtime.collective_calls.items()}
+      info.collective_bytes_in_train_step = {k: v // n for k, v in
+                                             self.runtime.collective_bytes.items()}
+    return info
 

@@ -17,7 +17,7 @@ from workloads.common import jax_top1
 from workloads.optim import jax_optimizers, schedules
 from workloads.parallel import jax_pipeline
 from workloads.parallel.jax_runtime import DATA
-from workloads.parallel.jax_trainer_base import MeshTrainer
+from workloads.parallel.jax_trainer_base import MeshTrainer, apply_update
 from workloads.resnet import jax_model, spec
 
 
@@ -93,9 +93,7 @@ def train_step(state, batch, *, runtime, num_classes, label_smoothing, pipelined
   else:
     loss, grads, stats = loss_and_grads(state.apply_fn, state.params, state.batch_stats,
                                         batch, **kw)
-  grads = runtime.constrain_update(grads)            # weight-update sharding: shard the update
-  state = state.apply_gradients(grads=grads, batch_stats=stats)
-  return state.replace(params=runtime.restore_param_layout(state.params)), loss
+  return apply_update(state, grads, runtime, batch_stats=stats), loss
 
 
 def eval_step(state, batch):
@@ -105,7 +103,7 @@ def eval_step(state, batch):
 
 
 class ResNetTrainer(MeshTrainer):
-  spec_module = spec
+  spec = spec.SPEC
 
   def __init__(self, cfg, ctx):
     super().__init__(cfg, ctx)
@@ -122,13 +120,6 @@ class ResNetTrainer(MeshTrainer):
     variables = self.model.init(rng, jnp.zeros((1, size, size, 3)), train=False)
     return TrainState.create(apply_fn=self.model.apply, params=variables["params"], tx=self.tx,
                              batch_stats=variables["batch_stats"])
-
-  def init(self):
-    """Initialises the state on the mesh and compiles both steps (before run_start)."""
-    rng = jax.random.key(self.ctx.seed)
-    shardings = self.state_shardings(self.create_state, rng)
-    self.state = self.initial_state(shardings, rng)
-    self.compile_steps(self.train_step_fn(), shardings)
 
   def layer_profile(self, rows):
     """[(forward FLOPs, output bytes)] per pipeline layer on `rows` images (simulate)."""

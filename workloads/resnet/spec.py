@@ -7,6 +7,7 @@ from harness.config import TrainConfig, in_range, key_of, one_of, positive
 from harness.errors import UsageError
 from harness.mesh import ParallelConfig
 from harness.workload import TOP1, WorkloadSpec
+from workloads.common import image_batch
 from workloads.optim import schedules
 from workloads.optim.configs import LarsSgdConfig
 
@@ -100,19 +101,6 @@ def tiny() -> ResNetConfig:
   return cfg
 
 
-def batch_layout(cfg: ResNetConfig, batch_size: int, with_mask: bool = False) -> dict:
-  """{name: (shape, dtype, logical axes)} of a batch as the input pipeline yields it; each
-  framework turns this into its own specs (jax.ShapeDtypeStruct with a sharding from the
-  logical axes, tf.TensorSpec) to compile before any data."""
-  size = cfg.data.image_size
-  layout = {"image": ((batch_size, size, size, 3), "float32",
-                      ("batch", "height", "width", "channels")),
-            "label": ((batch_size,), "int32", ("batch",))}
-  if with_mask:
-    layout["mask"] = ((batch_size,), "float32", ("batch",))
-  return layout
-
-
 # Every parameter's logical axes (flax paths; the Keras model maps its names onto these).
 PARAM_AXES = (
     (r"classifier/kernel", ("channels", "classes")),
@@ -196,6 +184,7 @@ SPEC = WorkloadSpec(
                                                      cfg.train.global_batch_size),
     mesh_axes=("data", "stage", "spatial"),
     split_dims=lambda cfg: {"height": cfg.data.image_size},
+    batch_layout=image_batch.batch_layout,
     param_axes=PARAM_AXES,
     pipeline_layers=pipeline_layers,
     missing_data=missing_data,

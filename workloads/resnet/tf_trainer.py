@@ -15,7 +15,7 @@ from workloads.resnet import spec, tf_model
 
 
 class ResNetTrainer(StrategyTrainer):
-  spec_module = spec
+  spec = spec.SPEC
 
   def __init__(self, cfg, ctx):
     super().__init__(cfg, ctx)

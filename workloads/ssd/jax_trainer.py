@@ -13,7 +13,7 @@ import jax.numpy as jnp
 from flax.training import train_state
 
 from workloads.optim import jax_optimizers
-from workloads.parallel.jax_trainer_base import MeshTrainer
+from workloads.parallel.jax_trainer_base import MeshTrainer, apply_update
 from workloads.ssd import boxes, checkpoint, host_eval, jax_model, spec
 
 
@@ -36,9 +36,7 @@ def train_step(state, batch, *, runtime):
     loss, grads, stats = step(state.params, state.batch_stats, batch)
   else:
     loss, grads, stats = loss_and_grads(state.apply_fn, state.params, state.batch_stats, batch)
-  grads = runtime.constrain_update(grads)            # weight-update sharding: shard the update
-  state = state.apply_gradients(grads=grads, batch_stats=stats)
-  return state.replace(params=runtime.restore_param_layout(state.params)), loss
+  return apply_update(state, grads, runtime, batch_stats=stats), loss
 
 
 def candidates(locs, logits, dboxes, k):
@@ -54,7 +52,7 @@ def candidates(locs, logits, dboxes, k):
 
 
 class SsdTrainer(MeshTrainer):
-  spec_module = spec
+  spec = spec.SPEC
 
   def __init__(self, cfg, ctx):
     super().__init__(cfg, ctx)
@@ -73,20 +71,21 @@ class SsdTrainer(MeshTrainer):
     return TrainState.create(apply_fn=self.model.apply, params=variables["params"], tx=self.tx,
                              batch_stats=variables["batch_stats"])
 
-  def init(self):
-    rng = jax.random.key(self.ctx.seed)
-    shardings = self.state_shardings(self.create_state, rng)
-    self.state = self.initial_state(shardings, rng)
-    # ImageNet backbone, placed as the init was (describe, without --data-dir, reads no data)
-    if self.cfg.model.backbone_checkpoint and self.data_dir and not self.describing:
-      weights = checkpoint.read(self.data_dir, self.cfg.model.backbone_checkpoint)
-      variables = checkpoint.load_into_flax(
-          jax.device_get({"params": self.state.params, "batch_stats": self.state.batch_stats}),
-          weights)
-      self.state = self.state.replace(
-          params=jax.device_put(variables["params"], shardings.params),
-          batch_stats=jax.device_put(variables["batch_stats"], shardings.batch_stats))
-    self.compile_steps(functools.partial(train_step, runtime=self.runtime), shardings)
+  def load_weights(self, state, shardings):
+    """The ImageNet backbone, placed as the init was (without --data-dir, e.g. describe's
+    generated data, nothing is read)."""
+    if not (self.cfg.model.backbone_checkpoint and self.data_dir):
+      return state
+    weights = checkpoint.read(self.data_dir, self.cfg.model.backbone_checkpoint)
+    variables = checkpoint.load_into_flax(
+        jax.device_get({"params": state.params, "batch_stats": state.batch_stats}), weights)
+    return state.replace(
+        params=jax.device_put(variables["params"], shardings.params),
+        batch_stats=jax.device_put(variables["batch_stats"], shardings.batch_stats))
+
+  def train_step_fn(self, remat=None):
+    del remat                                        # SSD does not pipeline
+    return functools.partial(train_step, runtime=self.runtime)
 
   def eval_step(self, state, batch):
     locs, logits = state.apply_fn({"params": state.params, "batch_stats": state.batch_stats},

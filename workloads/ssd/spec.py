@@ -302,6 +302,7 @@ SPEC = WorkloadSpec(
                                                      cfg.train.global_batch_size),
     mesh_axes=("data", "spatial"),
     split_dims=lambda cfg: {"height": cfg.data.image_size},
+    batch_layout=batch_layout,
     param_axes=PARAM_AXES,
     missing_data=missing_data,
     check_framework=check_framework,

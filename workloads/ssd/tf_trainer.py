@@ -54,7 +54,7 @@ def candidates(locs, logits, dboxes, k):
 
 
 class SsdTrainer(StrategyTrainer):
-  spec_module = spec
+  spec = spec.SPEC
 
   def __init__(self, cfg, ctx):
     super().__init__(cfg, ctx)

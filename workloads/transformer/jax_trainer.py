@@ -18,7 +18,7 @@ from harness.pipeline import stage_ranges
 from workloads.optim import jax_optimizers
 from workloads.parallel import jax_layers, jax_moe, jax_pipeline
 from workloads.parallel.jax_runtime import DATA
-from workloads.parallel.jax_trainer_base import MeshTrainer
+from workloads.parallel.jax_trainer_base import MeshTrainer, apply_update
 from workloads.transformer import jax_beam_search, jax_model, spec
 
 START_ID = 0                       # the decoder's first input, as the reference's
@@ -100,9 +100,7 @@ def train_step(state, batch, *, label_smoothing, runtime, pipelined=None):
   else:
     (loss, (_, router)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
         state.params, state.apply_fn, batch, label_smoothing, rng)
-  grads = runtime.constrain_update(grads)            # weight-update sharding: shard the update
-  state = state.apply_gradients(grads=grads)
-  state = state.replace(params=runtime.restore_param_layout(state.params))
+  state = apply_update(state, grads, runtime)
   return state, (loss if router is None else {"loss": loss, "router": router})
 
 
@@ -128,7 +126,7 @@ def translate(model, params, inputs, model_cfg):
 
 
 class TransformerTrainer(MeshTrainer):
-  spec_module = spec
+  spec = spec.SPEC
 
   def __init__(self, cfg, ctx):
     super().__init__(cfg, ctx)
@@ -140,17 +138,10 @@ class TransformerTrainer(MeshTrainer):
     ids = jnp.zeros((1, self.cfg.data.max_length), jnp.int32)
     return self.model.init(rng, ids, ids)["params"]
 
-  def create_state(self, rng, params=None):
+  def create_state(self, rng):
     init_key, dropout_key = jax.random.split(rng)
-    params = self.init_params(init_key) if params is None else params
-    return TrainState.create(apply_fn=self.model.apply, params=params, tx=self.tx,
-                             dropout_key=dropout_key)
-
-  def init(self):
-    rng = jax.random.key(self.ctx.seed)
-    shardings = self.state_shardings(self.create_state, rng)
-    self.state = self.initial_state(shardings, rng)
-    self.compile_steps(self.train_step_fn(), shardings)
+    return TrainState.create(apply_fn=self.model.apply, params=self.init_params(init_key),
+                             tx=self.tx, dropout_key=dropout_key)
 
   def layer_profile(self, rows):
     """[(forward FLOPs, output bytes)] per pipeline layer on `rows` rows (simulate); the

@@ -396,6 +396,7 @@ SPEC = WorkloadSpec(
     split_dims=lambda cfg: {"length": cfg.data.max_length, "heads": cfg.model.num_heads,
                             "mlp": cfg.model.filter_size, "vocab": cfg.model.vocab_size,
                             "experts": cfg.model.moe.num_experts},
+    batch_layout=batch_layout,
     param_axes=PARAM_AXES,
     pipeline_layers=pipeline_layers,
     data_dir_contents=("the reference's data_download.py output: wmt32k-train-*, "

@@ -88,7 +88,7 @@ def translate(model, inputs, model_cfg):
 
 
 class TransformerTrainer(StrategyTrainer):
-  spec_module = spec
+  spec = spec.SPEC
 
   def __init__(self, cfg, ctx):
     super().__init__(cfg, ctx)
