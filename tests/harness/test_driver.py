@@ -8,6 +8,7 @@ import math
 import pandas as pd
 
 from harness import cadence, compliance, driver
+from harness.workload import Description
 from workloads.resnet import spec
 
 
@@ -37,7 +38,8 @@ class ScriptedTrainer:
     return {self.metric: self.accuracies[self.evals - 1], "count": 100}
 
   def describe(self):
-    return {"parameters": 1, "train_flops_per_example": 1.0}
+    return Description(parameters=1, parameter_bytes_per_device=4,
+                       optimizer_state_bytes_per_device=0, train_flops_per_example=1.0)
 
 
 def _run(tmp_path, trainer, cfg=None, preset="mini", steps=None, workload=spec.SPEC):

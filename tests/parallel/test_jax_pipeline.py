@@ -152,7 +152,10 @@ def resnet_pipelined(t, batch, remat=False, fill=0.0):
                                                      one.state.batch_stats)), batch))
 
 
-@pytest.mark.parametrize("stages,microbatches", GRID)
+# The schedule's grid is the Transformer's (the schedule is the same code for every model);
+# ResNet's own point is its batch-norm statistics per micro-batch: one micro-batch and as many
+# as stages here, more than stages with the data axis below
+@pytest.mark.parametrize("stages,microbatches", [(2, 1), (2, 2)])
 def test_resnet_pipelined_equals_the_micro_batched_step_on_one_device(stages, microbatches):
   _, batch = resnet_batch()
   (loss, stats), grads = resnet_reference(microbatches)
@@ -165,8 +168,7 @@ def test_resnet_pipelined_equals_the_micro_batched_step_on_one_device(stages, mi
 
 
 @pytest.mark.parametrize("mesh,microbatches,remat,fill", [
-    ("stage=2,data=2", 4, False, 0.0), ("stage=4,data=2", 2, True, float("nan")),
-    ("stage=4,data=1", 8, True, float("nan"))])
+    ("stage=2,data=2", 4, False, 0.0), ("stage=4,data=2", 2, True, float("nan"))])
 def test_resnet_with_data_axis_remat_and_nan_bubbles(mesh, microbatches, remat, fill):
   """With data=2 batch norm pools each micro-batch's statistics over both replicas."""
   _, batch = resnet_batch()
