@@ -3,13 +3,13 @@
   python bench/all.py [--repeats 3] [--frameworks tf,jax] [--workloads resnet50,bert,...]
                       [--out bench_all.csv] [--gpu auto|yes|no]
 
-For each workload it runs that bench script's comparison (bench/<model>_vs_<peer>.py, at the
-script's SMALL size: about 15 minutes for all five on 2 CPU cores with --repeats 3): ours and
-the peer on TF and on JAX, each side one kept-alive process, interleaved rounds, the ratio's
-median with its min-max, model FLOPs per sample of each side (TF's graph profiler of one train
-step) and the ratio of model-FLOP rates, and ours on TF against ours on JAX (framework 'tf/jax').
-It prints the table, writes the rows as CSV (bench/method.COLUMNS), and `run_benchmark.py
-report --bench FILE` draws them.
+For each workload it runs that bench script's comparison (bench/<model>_vs_<peer>.py, found by
+that name, each naming its WORKLOAD; at the script's SMALL size: about 15 minutes for all five
+on 2 CPU cores with --repeats 3): ours and the peer on TF and on JAX, each side one kept-alive
+process, interleaved rounds, the ratio's median with its min-max, model FLOPs per sample of
+each side (TF's graph profiler of one train step) and the ratio of model-FLOP rates, and ours
+on TF against ours on JAX (framework 'tf/jax'). It prints the table, writes the rows as CSV
+(bench/method.COLUMNS), and `run_benchmark.py report --bench FILE` draws them.
 
 With a GPU (--gpu auto: when JAX sees one), it also runs bench/gpu_models.py: each model's
 synthetic step at the reference shapes in bfloat16, added as rows of framework 'gpu-jax' with
@@ -18,6 +18,7 @@ pip install --no-deps -r bench/requirements.txt
 """
 import argparse
 import csv
+import glob
 import importlib
 import os
 import subprocess
@@ -28,11 +29,25 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from bench import method  # noqa: E402  pylint: disable=wrong-import-position
+from harness import registry  # noqa: E402  pylint: disable=wrong-import-position
 
-# workload -> its bench script (module under bench/)
-BENCHES = {"resnet50": "resnet_vs_keras", "bert": "bert_vs_keras_hub",
-           "transformer": "transformer_vs_keras_hub", "ssd": "ssd_vs_keras_hub",
-           "efficientnet": "efficientnet_vs_keras"}
+
+def find_benches() -> dict:
+  """workload -> its bench script (module under bench/): every bench/<model>_vs_<peer>.py names
+  the workload it times (`WORKLOAD`, a registered name); in the registry's order."""
+  found = {}
+  for path in sorted(glob.glob(os.path.join(ROOT, "bench", "*_vs_*.py"))):
+    stem = os.path.basename(path)[:-3]
+    workload = importlib.import_module(f"bench.{stem}").WORKLOAD   # imports bench.method only
+    if workload not in registry.names() or workload in found:
+      raise SystemExit(f"bench/{stem}.py: WORKLOAD {workload!r} is " + (
+          f"also bench/{found[workload]}.py's" if workload in found else
+          f"not a registered workload ({', '.join(registry.names())})"))
+    found[workload] = stem
+  return {w: found[w] for w in registry.names() if w in found}
+
+
+BENCHES = find_benches()
 
 
 def parse(argv=None):
@@ -64,11 +79,18 @@ def gpu_present() -> bool:
 
 
 def gpu_rows(workloads) -> list:
-  """bench/gpu_models.py's rows (bf16, reference shapes) in the table's columns."""
+  """bench/gpu_models.py's rows (bf16, reference shapes) in the table's columns, for the
+  workloads it has a builder of (build_<name>; it imports JAX, so it is read, not imported)."""
+  script = os.path.join(ROOT, "bench", "gpu_models.py")
+  with open(script) as f:
+    text = f.read()
+  workloads = [w for w in workloads if f"\ndef build_{w}(" in text]
+  if not workloads:
+    return []
   with tempfile.TemporaryDirectory() as tmp:
     out = os.path.join(tmp, "gpu.csv")
-    subprocess.run([sys.executable, os.path.join(ROOT, "bench", "gpu_models.py"),
-                    "--workloads", ",".join(workloads), "--out", out], check=False)
+    subprocess.run([sys.executable, script, "--workloads", ",".join(workloads), "--out", out],
+                   check=False)
     if not os.path.exists(out):
       raise SystemExit("bench/gpu_models.py wrote no table")
     with open(out) as f:

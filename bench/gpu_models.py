@@ -1,5 +1,5 @@
-"""Training-step throughput and MFU of the five JAX models on one accelerator, at the
-workloads' reference model shapes:
+"""Training-step throughput and MFU of the JAX models on one accelerator, at the workloads'
+reference model shapes (every registered workload with a builder below):
 
   resnet50      ResNet-50 v1.5, 224x224x3 images, 1000 classes            (SGD + momentum)
   bert          BERT-large, sequence 512, 76 masked-LM positions          (AdamW)
@@ -30,7 +30,7 @@ JAX, flax, optax and numpy but no TensorFlow, which the trainers and input pipel
 imports only TensorFlow-free modules: workloads.<w>.jax_model (model and loss), .spec, and
 workloads.common.jax_top1 and transformer.mini_corpus (the synthetic packed rows).
 
-  python bench/gpu_models.py [--workloads resnet50,bert,transformer,ssd,efficientnet]
+  python bench/gpu_models.py [--workloads bert,efficientnet,resnet50,ssd,transformer]
       [--steps 20] [--batch resnet50=256,bert=32] [--dtype bfloat16|float32]
       [--out bench_gpu.csv]
 """
@@ -51,7 +51,8 @@ import jax  # noqa: E402  pylint: disable=wrong-import-position
 import jax.numpy as jnp  # noqa: E402  pylint: disable=wrong-import-position
 import optax  # noqa: E402  pylint: disable=wrong-import-position
 
-WORKLOADS = ("resnet50", "bert", "transformer", "ssd", "efficientnet")
+from harness import registry  # noqa: E402  pylint: disable=wrong-import-position
+
 # Per-device batches that fit an 80 GB GPU in bf16 without rematerialisation.
 DEFAULT_BATCH = {"resnet50": 256, "bert": 32, "transformer": 64, "ssd": 64, "efficientnet": 128}
 WARMUP_STEPS = 2
@@ -256,8 +257,14 @@ def build_efficientnet(batch, dtype, rng):
   return _classifier(spec, cfg, model, batch, rng, f"{cfg.model.variant}: ", dropout=True)
 
 
-BUILDERS = {"resnet50": build_resnet50, "bert": build_bert, "transformer": build_transformer,
-            "ssd": build_ssd, "efficientnet": build_efficientnet}
+# workload -> its builder, build_<name> above, for each registered workload that has one (in the
+# registry's order). The builders are per workload by necessity: a model's train-mode call, its
+# loss and its batch's value ranges live in jax_trainer.py and input_pipeline.py, which import
+# TensorFlow (absent from the GPU image). A registered workload without one is listed as such.
+BUILDERS = {name: globals()[f"build_{name}"] for name in registry.names()
+            if f"build_{name}" in globals()}
+WORKLOADS = tuple(BUILDERS)
+assert set(DEFAULT_BATCH) == set(BUILDERS), "every builder has a default per-device batch"
 
 
 # ----------------------------------------------------------------------------- the step
@@ -404,8 +411,10 @@ def main(argv=None):
   names = [n.strip() for n in args.workloads.split(",") if n.strip()]
   unknown = [n for n in names if n not in WORKLOADS]
   if unknown or not names:
+    unbuilt = [n for n in registry.names() if n not in BUILDERS]
     raise SystemExit(f"--workloads {args.workloads!r}: allowed a comma list of "
-                     f"{', '.join(WORKLOADS)}")
+                     f"{', '.join(WORKLOADS)}" + (f" ({', '.join(unbuilt)}: registered, but "
+                                                  "no build_<name> here)" if unbuilt else ""))
   if args.steps < 1:
     raise SystemExit("--steps: allowed a positive integer")
   batches = parse_batches(args.batch)

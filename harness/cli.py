@@ -109,8 +109,10 @@ def build_parser():
                       "child ends (killed, aborted by its framework); always on for a "
                       "multi-process run")
 
-  sub.add_parser("list", help="workloads, frameworks and presets",
-                 description="List the workloads, frameworks and presets that exist.")
+  p = sub.add_parser("list", help="workloads, frameworks and presets",
+                     description="List the workloads, frameworks and presets that exist.")
+  p.add_argument("--names", action="store_true",
+                 help="only the workload names, one a line (for scripts: CI's runs)")
 
   p = sub.add_parser("describe", help="parameter count, FLOPs per example, batch, optimizer",
                      description="Build and compile WORKLOAD and print its parameter count, "
@@ -336,7 +338,10 @@ def cmd_run(args):
   return rows.exit_status()
 
 
-def cmd_list(_):
+def cmd_list(args):
+  if args.names:
+    print("\n".join(registry.names()))
+    return 0
   print("frameworks: " + ", ".join(config_lib.FRAMEWORKS))
   print("presets:    " + ", ".join(config_lib.PRESETS) + " (every workload; some have more)")
   print("workloads:")

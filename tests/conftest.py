@@ -1,3 +1,4 @@
+import fnmatch
 import os
 import resource
 import shutil
@@ -199,7 +200,7 @@ def assert_same_saved_run(multi_path, one_path, count):
 # report of a fresh-clone run on 2 cores, 2026-11-25). pytest-xdist hands whole files to its
 # workers in this order (pytest.ini turns off its own reordering, which puts the files with the
 # most tests first: the end-to-end files, two to eleven tests each, started last and the last of
-# them ran alone while the other workers idled). Files not listed follow, in collection order.
+# them ran alone while the other workers idled). Files not listed follow (SLOW_BY_NAME below).
 LONG_FILES = (
     "tests/parallel/test_moe_end_to_end.py",
     "tests/parallel/test_tf_moe.py",
@@ -235,10 +236,28 @@ LONG_FILES = (
 )
 
 
+# Files LONG_FILES does not list (a new workload's, until its CPU time is measured and it is
+# added above by rank) follow it when their names say they are slow in every workload so far:
+# end-to-end CLI runs, then multi-process runs, then float64 parity, in any tests/ folder; then
+# the rest. Adding a workload needs no edit here.
+SLOW_BY_NAME = ("test_*end_to_end*.py", "test_*distributed*.py", "test_*parity*.py")
+_LONG_RANK = {path: i for i, path in enumerate(LONG_FILES)}
+
+
+def file_rank(path: str) -> int:
+  """Where a test file (relative to the repository root) starts: its LONG_FILES place, then
+  its SLOW_BY_NAME kind, then last."""
+  if path in _LONG_RANK:
+    return _LONG_RANK[path]
+  name = os.path.basename(path)
+  kind = next((i for i, pattern in enumerate(SLOW_BY_NAME) if fnmatch.fnmatch(name, pattern)),
+              len(SLOW_BY_NAME))
+  return len(LONG_FILES) + kind
+
+
 def pytest_collection_modifyitems(config, items):
   del config
-  rank = {path: i for i, path in enumerate(LONG_FILES)}
-  items.sort(key=lambda item: rank.get(os.path.relpath(str(item.fspath), ROOT), len(rank)))
+  items.sort(key=lambda item: file_rank(os.path.relpath(str(item.fspath), ROOT)))   # stable
 
 
 # CPU seconds per test (user + system, the test's process and the subprocesses it waited for;

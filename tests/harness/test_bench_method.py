@@ -138,8 +138,8 @@ def test_all_py_checks_its_workloads_and_reads_gpu_rows(capsys, tmp_path):
   with pytest.raises(SystemExit) as e:
     bench_all.parse(["--workloads", "resnet50,gpt3"])
   assert e.value.code == 2
-  assert "--workloads resnet50,gpt3: allowed: a comma-separated list of resnet50, bert" in (
-      capsys.readouterr().err)
+  assert ("--workloads resnet50,gpt3: allowed: a comma-separated list of "
+          + ", ".join(bench_all.BENCHES)) in capsys.readouterr().err
   # bench/gpu_models.py's columns -> the table's: samples/s, GFLOP and MFU, no peer
   row = bench_all.from_gpu_row({"workload": "bert", "batch": "32", "step_ms": "140.99",
                                 "samples_per_s": "227.0", "gflop_per_sample": "",

@@ -1,4 +1,4 @@
-from harness import cli, compare, registry, results, rules
+from harness import cli, compare, config, registry, results, rules
 from tests.harness.test_results import make_row
 
 
@@ -77,19 +77,27 @@ def _scaled(tmp_path, name, ttt_factors, tp_factors=None):
   return path
 
 
-WORKLOADS = ("bert", "efficientnet", "resnet50", "ssd", "transformer")
+# Every registered workload, in both frameworks (tests/test_contract.py holds each workload to
+# both), with its rules/<benchmark>.yaml run count (checked against mlperf_logging's own table in
+# tests/harness/test_framework_neutral_core.py).
+WORKLOADS = tuple(registry.names())
+FRAMEWORKS = config.FRAMEWORKS
+GROUPS = {(w, f) for w in WORKLOADS for f in FRAMEWORKS}
 RUNS = {w: rules.load(registry.get(w).mlperf_benchmark).runs_required for w in WORKLOADS}
 
 
 def test_the_committed_baseline_holds_the_ruleset_s_runs_of_every_workload_and_framework():
-  """5 runs per group, 10 for BERT and the Transformer (MLPerf's run counts: with fewer there
-  is no olympic score to gate)."""
-  assert RUNS == {"bert": 10, "efficientnet": 5, "resnet50": 5, "ssd": 5, "transformer": 10}
+  """Each registered workload x framework has exactly its ruleset's run count (MLPerf's: 5, 10
+  for BERT and the Transformer; with fewer there is no olympic score to gate), all mini runs
+  that succeeded; no group of a workload the registry does not list."""
+  assert {"resnet50", "bert"} <= set(WORKLOADS) and min(RUNS.values()) >= 3
   frame = results.read_csv(BASELINE)
   counts = frame.groupby(["workload", "framework"]).size()
-  assert set(counts.index) == {(w, f) for w in WORKLOADS for f in ("jax", "tf")}
+  assert set(counts.index) == GROUPS
   assert all(count == RUNS[w] for (w, _), count in counts.items()), counts
   assert set(frame["preset"]) == {"mini"} and set(frame["status"]) == {"success"}
+  benchmarks = frame.groupby("workload")["mlperf_benchmark"].unique()
+  assert all(list(benchmarks[w]) == [registry.get(w).mlperf_benchmark] for w in WORKLOADS)
 
 
 def test_gate_on_the_committed_baseline_noise_only_passes(tmp_path):
@@ -100,7 +108,8 @@ def test_gate_on_the_committed_baseline_noise_only_passes(tmp_path):
     noisy = _scaled(tmp_path, f"noisy{trial}.csv", rng.uniform(0.92, 1.08, rows),
                     rng.uniform(0.92, 1.08, rows))
     table = compare.compare(BASELINE, noisy, 0.10)
-    assert len(table) == 10 and not table["verdict"].str.startswith("regression").any(), table
+    assert set(zip(table["workload"], table["framework"])) == GROUPS and len(table) == len(GROUPS)
+    assert not table["verdict"].str.startswith("regression").any(), table
     assert cli.main(["compare", BASELINE, noisy, "--threshold", "0.10", "--require-all"]) == 0
 
 
@@ -124,20 +133,52 @@ def test_gate_on_the_committed_baseline_planted_regressions_fail(tmp_path, workl
   assert cli.main(["compare", BASELINE, starved, "--threshold", "0.10"]) == 1
 
 
-def test_the_documented_ci_workflow_runs_real_commands():
-  """docs/ci/regression.yml: every run_benchmark.py command parses with our CLI, and the
+def _ci_runs(script, tmp_path):
+  """The run commands a workflow step's bash script makes: it runs here with `python` a shim
+  that records `python run_benchmark.py run ...` (argv after the script) and hands every other
+  call (`list --names`, the run count) to this interpreter."""
+  import json
+  import subprocess
+  import sys
+  shim, record = tmp_path / "bin", tmp_path / "runs.jsonl"
+  shim.mkdir()
+  (shim / "python").write_text(
+      f"#!{sys.executable}\n"
+      "import json, os, sys\n"
+      "args = sys.argv[1:]\n"
+      "if args[:2] == ['run_benchmark.py', 'run']:\n"
+      f"  open({str(record)!r}, 'a').write(json.dumps(args[1:]) + '\\n')\n"
+      "  sys.exit(0)\n"
+      f"os.execv({sys.executable!r}, [{sys.executable!r}] + args)\n")
+  (shim / "python").chmod(0o755)
+  env = dict(os.environ, PATH=f"{shim}{os.pathsep}{os.environ['PATH']}")
+  proc = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", script], cwd=ROOT, env=env,
+                        capture_output=True, text=True)
+  assert proc.returncode == 0, proc.stdout + proc.stderr
+  return [json.loads(line) for line in record.read_text().splitlines()] if record.exists() else []
+
+
+def test_the_documented_ci_workflow_runs_real_commands(tmp_path):
+  """docs/ci/regression.yml: its runs step, executed (GitHub's bash -e -o pipefail) with the run
+  commands recorded, runs every baseline group (each registered workload in both frameworks)
+  with its ruleset's run count; every run_benchmark.py command parses with our CLI, and the
   compare step can fail the job (not continue-on-error)."""
   with open(WORKFLOW) as f:
     workflow = yaml.safe_load(f)
   steps = workflow["jobs"]["regression"]["steps"]
-  commands = [shlex.split(line.strip())[2:] for step in steps
-              for line in step.get("run", "").splitlines()
-              if line.strip().startswith("python run_benchmark.py")]
+  literal = [shlex.split(line.strip())[2:] for step in steps
+             for line in step.get("run", "").splitlines()
+             if line.strip().startswith("python run_benchmark.py") and "$" not in line]
+  runs_step = [s for s in steps if "run_benchmark.py run " in s.get("run", "")]
+  assert len(runs_step) == 1
+  made = _ci_runs(runs_step[0]["run"], tmp_path)
+  commands = literal + made
   assert {c[0] for c in commands} == {"run", "compare", "report"}
   parser = cli.build_parser()
   runs = [parser.parse_args(c) for c in commands if c[0] == "run"]
   assert sorted((r.workload, r.framework, r.runs) for r in runs) == sorted(   # every group,
-      (w, f, RUNS[w]) for w in WORKLOADS for f in ("jax", "tf"))    # its ruleset's run count
+      (w, f, RUNS[w]) for w, f in GROUPS)                                      # its run count
+  assert all(r.results == "results/new.csv" and r.seed == 100 for r in runs)
   assert any("--require-all" in c for c in commands)
   for command in commands:
     try:

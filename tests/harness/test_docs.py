@@ -221,3 +221,15 @@ def test_readme_links_every_doc():
   missing = [_rel(p) for p in _doc_files()[1:] if f"]({_rel(p)})" not in text
              and f"]: {_rel(p)}" not in text]
   assert not missing, "docs the README does not link: " + ", ".join(missing)
+
+
+def test_every_registered_workload_has_its_doc_linked_from_the_readme():
+  """A workload the registry lists has docs/workloads/<name>.md, and the README's workload
+  table links it (adding a workload: docs/adding-a-workload.md)."""
+  from harness import registry  # pylint: disable=import-outside-toplevel
+  with open(os.path.join(ROOT, "README.md")) as f:
+    readme = f.read()
+  for name in registry.names():
+    doc = f"docs/workloads/{name}.md"
+    assert os.path.exists(os.path.join(ROOT, doc)), doc
+    assert f"[{name}]: {doc}" in readme, f"the README's workload table lacks {name}"

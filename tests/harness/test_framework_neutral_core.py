@@ -29,12 +29,32 @@ def test_reference_preset_takes_target_and_cadence_from_rules():
 
 
 def test_every_benchmark_has_rules_with_a_checker():
-  from harness import rules
-  expected = {"resnet": ("4.0.0", 5), "bert": ("5.0.0", 10), "ssd": ("1.0.0", 5),
-              "transformer": ("0.7.0", 10), "efficientnet": ("4.0.0", 5)}
-  for name, (ruleset, runs) in expected.items():
+  """Each registered workload's rules/<benchmark>.yaml against mlperf_logging's own tables: an
+  MLPerf benchmark's run count is the package's (benchmark_meta), its ruleset is one the
+  package allows the benchmark in and has a closed-division rule file for; a benchmark MLPerf
+  does not have (EfficientNet) brings its own checker config, run by a ruleset the package
+  has, and one of MLPerf's run counts."""
+  import os
+  from mlperf_logging import benchmark_meta
+  from mlperf_logging.compliance_checker import mlp_compliance
+  from harness import registry, rules
+  checkers = os.path.dirname(mlp_compliance.__file__)
+  counts = benchmark_meta.get_result_file_counts("training")
+  benchmarks = {registry.get(w).mlperf_benchmark for w in registry.names()}
+  assert {"resnet", "bert"} <= benchmarks and benchmarks <= set(rules.benchmarks())
+  for name in sorted(benchmarks):
     r = rules.load(name)
-    assert (r.ruleset, r.runs_required) == (ruleset, runs), name
+    assert r.benchmark == name
+    assert os.path.isdir(os.path.join(checkers, f"training_{r.ruleset}")), (name, r.ruleset)
+    if name in counts:                       # an MLPerf benchmark: the package's numbers
+      assert r.runs_required == counts[name], name
+      assert name in benchmark_meta.get_allowed_benchmarks("training", r.ruleset), name
+      assert os.path.isfile(os.path.join(checkers, f"training_{r.ruleset}",
+                                         f"closed_{name}.yaml")), (name, r.ruleset)
+      assert r.checker_config is None, name
+    else:                                    # our own benchmark: our own rule file
+      assert r.runs_required in set(counts.values()), name
+      assert r.checker_config and os.path.isfile(r.checker_config), name
   assert rules.load("efficientnet").checker_config.endswith("efficientnet_compliance.yaml")
 
 

@@ -1,7 +1,9 @@
-"""Progress lines inside long eval blocks, and --tensorboard event files (written without
-TensorFlow; read back here with TensorFlow's own TFRecord reader and Event proto)."""
+"""Progress lines inside long eval blocks, and --tensorboard event files (written through
+tensorboardX, without TensorFlow; read back here with TensorFlow's own TFRecord reader and Event
+proto)."""
 import os
 import struct
+import time
 
 import pytest
 
@@ -14,11 +16,6 @@ def _events(path):
   import tensorflow as tf
   from tensorflow.core.util import event_pb2
   return [event_pb2.Event.FromString(raw.numpy()) for raw in tf.data.TFRecordDataset(path)]
-
-
-def test_crc32c_known_values():
-  assert tensorboard.crc32c(b"123456789") == 0xE3069283          # the standard check value
-  assert tensorboard.crc32c(b"") == 0
 
 
 def test_a_multi_epoch_block_prints_a_line_per_epoch(tmp_path, capsys):
@@ -50,6 +47,33 @@ def test_tensorboard_scalars_per_chunk_and_block(tmp_path):
   assert scalars[(40, "eval/top1_accuracy")] == 0.949999988079071      # float32
   assert scalars[(40, "train/lr")] == pytest.approx(0.1)
   assert scalars[(40, "train/samples_per_s")] == pytest.approx(row.throughput, rel=1e-6)
+
+
+def test_scalars_are_readable_while_the_run_trains_and_none_is_left_out(tmp_path):
+  """tensorboardX's writer thread flushes within FLUSH_SECS: TensorBoard sees a chunk's
+  scalars before the run closes its writer; a None value (no lr this chunk) is no point."""
+  writer = tensorboard.ScalarWriter(str(tmp_path))
+  writer.scalars(7, {"train/loss": 2.5, "train/lr": None})
+  deadline = time.time() + 10 * tensorboard.FLUSH_SECS + 5
+  while len(_events(writer.path)) < 2 and time.time() < deadline:
+    time.sleep(0.2)
+  events = _events(writer.path)
+  writer.close()
+  assert events[0].file_version == "brain.Event:2"
+  assert [(e.step, v.tag, v.simple_value) for e in events[1:] for v in e.summary.value] == [
+      (7, "train/loss", 2.5)]
+  assert os.listdir(tmp_path) == [os.path.basename(writer.path)]
+
+
+def test_two_writers_in_one_folder_write_two_files(tmp_path):
+  """Each writer has its own file even when both start in the same second."""
+  first, second = (tensorboard.ScalarWriter(str(tmp_path)) for _ in range(2))
+  first.scalars(1, {"a": 1.0})
+  second.scalars(1, {"a": 2.0})
+  first.close()
+  second.close()
+  assert first.path != second.path and len(os.listdir(tmp_path)) == 2
+  assert [v.simple_value for e in _events(second.path)[1:] for v in e.summary.value] == [2.0]
 
 
 def test_a_corrupted_record_is_refused_by_the_reader(tmp_path):

@@ -33,7 +33,22 @@ def test_every_spec_s_evaluator_has_the_three_parts(name):
   assert isinstance(evaluator.on_host, bool)
   for part in ("accumulate", "finalize"):
     assert _parameters(getattr(evaluator, part)) == _parameters(getattr(Evaluator, part), True)
-  assert evaluator.on_host == (name in ("ssd", "transformer"))
+  # The default, CountEvaluator, sums [hits, counted] on the device; an evaluator a workload
+  # supplies (spec.make_evaluator: BLEU, COCO mAP) is its own host-side code, in its folder.
+  if spec.make_evaluator is None:
+    assert type(evaluator) is CountEvaluator and not evaluator.on_host
+    assert evaluator.finalize(np.array([1.0, 4.0])) == {spec.metric.name: 0.25, "count": 4}
+  else:
+    assert evaluator.on_host and not isinstance(evaluator, CountEvaluator), name
+    package = spec.input_pipeline_module.rpartition(".")[0]          # workloads.<w>
+    assert type(evaluator).__module__.startswith(package + "."), (name, type(evaluator))
+
+
+def test_both_eval_paths_are_in_use():
+  """The trainer bases' two eval paths (device sums, host accumulation) each serve a workload."""
+  on_host = {registry.get(n).evaluator(registry.get(n).configure("tiny"), None).on_host
+             for n in registry.names()}
+  assert on_host == {True, False}
 
 
 def test_the_count_evaluator_sums_then_divides():
