@@ -1,5 +1,5 @@
 """Model-parallel mini runs through the command line, as a user starts them: the Transformer on
-data=2,model=2 (4 simulated devices) and BERT on data=1,model=2 (2) reach their mini targets,
+data=2,model=2 (4 simulated devices) reaches its mini target,
 the row records the layout, and the log passes the official checker (the TF runs:
 test_tf_model_parallel_end_to_end.py, a file of its own so that another worker takes it);
 describe and simulate of a layout against the Transformer's formulas."""
@@ -12,8 +12,9 @@ from tests.conftest import run_to_target
 pytestmark = pytest.mark.slow
 
 # the fewest devices that show each point, as the TF runs (the equality tests cover the shapes)
-RUNS = [("jax", "transformer", "4", "data=2,model=2", 85.0),
-        ("jax", "bert", "2", "data=1,model=2", 0.6)]
+# BERT's model-parallel step (vocabulary-parallel masked LM, LAMB): the float64 equality tests
+# in both frameworks; its run here (37 CPU s) showed what the Transformer's does
+RUNS = [("jax", "transformer", "4", "data=2,model=2", 85.0)]
 
 
 @pytest.mark.parametrize("framework,workload,devices,layout,target", RUNS)

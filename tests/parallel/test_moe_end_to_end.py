@@ -1,6 +1,6 @@
 """ST-MoE mini runs through the command line, as a user starts them: `run transformer
---preset moe_mini --cpu-devices 4 --mesh data=2,expert=2` (JAX; TF on data=1,expert=2) reaches
-its BLEU target with a log the official checker passes, and the progress lines carry the router's
+--preset moe_mini --cpu-devices 4 --mesh data=2,expert=2` reaches its BLEU target (JAX) with a
+log the official checker passes, and the progress lines carry the router's
 figures; describe prints the expert figures, and its all-to-all bytes are the compiled
 step's."""
 import re
@@ -12,12 +12,11 @@ from tests.conftest import run_to_target
 pytestmark = pytest.mark.slow
 
 
-# data x expert end to end in JAX; TF on the expert axis alone (2 devices: data x expert is its
-# float64 equality test's point, test_tf_moe.py; on 4 devices this run cost 66 CPU s)
-@pytest.mark.parametrize("framework,devices,layout", [("jax", "4", "data=2,expert=2"),
-                                                      ("tf", "2", "data=1,expert=2")])
-def test_moe_mini_reaches_target_on_the_expert_axis(cli, tmp_path, framework, devices, layout):
-  proc = run_to_target(cli, tmp_path, framework, "transformer", devices, layout, 85.0,
+# JAX's run (TF's expert layers: the float64 equality of test_tf_moe.py on data x expert, the
+# router's figures included; its run here, 48 CPU s, showed what the JAX run and the TF
+# Transformer's own end-to-end run do)
+def test_moe_mini_reaches_target_on_data_x_expert(cli, tmp_path):
+  proc = run_to_target(cli, tmp_path, "jax", "transformer", "4", "data=2,expert=2", 85.0,
                        "--preset", "moe_mini")
   lines = [l for l in proc.stdout.splitlines() if "| bleu " in l]
   assert lines and all(re.search(r"router z [\d.]+ balance [\d.]+ dropped [\d.]+% load "
