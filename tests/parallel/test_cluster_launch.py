@@ -1,7 +1,6 @@
 """Two processes started the way a cluster scheduler starts them, on one machine: under a faked
-srun step (the variables srun sets, one node at 127.0.0.1) and under a faked Kubernetes pod
-(JAX: the Indexed Job's variables; TF: a TF_CONFIG per pod), with no --coordinator flags. Both
-pairs end in one row of a run over both processes' devices, the same row (the tiny ResNet to its epoch budget,
+srun step (the variables srun sets, one node at 127.0.0.1), with no --coordinator flags. The
+pair ends in one row of a run over both processes' devices (the tiny ResNet to its epoch budget,
 --cpu-devices 2 a process: the launch is under test; the mini run over several processes is
 tests/parallel/test_jax_distributed.py's and test_tf_distributed.py's), process 0 alone writes
 the log and the row, and every process says first how it found its peers."""
@@ -11,8 +10,8 @@ import socket
 import pandas as pd
 import pytest
 
-from tests.conftest import free_port, start_cli
-from tests.harness.test_cluster import kubernetes, slurm, tf_config
+from tests.conftest import start_cli
+from tests.harness.test_cluster import slurm
 
 COMMON = ("run", "resnet50", "--preset", "tiny", "--seed", "0", "--cpu-devices", "2")
 
@@ -47,32 +46,21 @@ def _pair(tmp_path, name, framework, flags, envs):
 
 
 @pytest.mark.parametrize("framework", ["jax", "tf"])
-def test_srun_and_kubernetes_launches_end_in_the_same_row_over_both_processes(tmp_path, framework):
-  """The srun pair's row is the reference the pod pair must equal; that it is a run of both
-  processes (every process's devices on data, one row, process 0's) is asserted, not compared
-  with a flag-started pair: the flags are every other multi-process test's launch."""
+def test_an_srun_launch_ends_in_one_row_over_both_processes(tmp_path, framework):
+  """One row, process 0's, of a run over every process's devices on data. The srun step is the
+  launch whose discovery is the framework's own (JAX's SLURM cluster detection, TF's
+  SlurmClusterResolver); a pod's variables, like the flags, end in the coordinator address
+  and process index the other multi-process tests pass (tests/harness/test_cluster.py reads
+  every environment), and its pair here (30 CPU s a framework) showed nothing more."""
   job = _free_slurm_job(2)
-  pod = kubernetes if framework == "jax" else tf_config
-  port = free_port(2)
-  launches = {"slurm": [slurm(job=job, pid=i) for i in range(2)],
-              "kubernetes": [pod(port, i) for i in range(2)]}
-  expected = None
-  for name, envs in launches.items():
-    row, outs = _pair(tmp_path, name, framework, [(), ()], envs)
-    if expected is None:
-      expected = row
-      # both processes' devices (TF's MultiWorkerMirroredStrategy: one CPU replica a worker)
-      devices = {"jax": 4, "tf": 2}[framework]
-      assert row["num_devices"] == devices and row["mesh"] == f"data={devices}", row
-      assert row["status"] == "aborted" and row["samples_completed"] > 0, row
-    for column in ("status", "abort_reason", "num_devices", "mesh", "global_batch_size",
-                   "seed", "epochs_to_converge", "metric_name"):
-      assert row[column] == expected[column] or (pd.isna(row[column]) and pd.isna(
-          expected[column])), (name, column, row[column], expected[column])
-    assert row["final_metric"] == pytest.approx(expected["final_metric"], rel=1e-6)
-    source = "slurm" if name == "slurm" else ("kubernetes" if framework == "jax" else
-                                             "tf_config")
-    for i, out in enumerate(outs):
-      lines = out.splitlines()
-      first = next(n for n, line in enumerate(lines) if line.startswith(("cluster:", "[")))
-      assert lines[first].startswith(f"cluster: {source}, process {i} of 2"), out[:500]
+  row, outs = _pair(tmp_path, "slurm", framework, [(), ()],
+                    [slurm(job=job, pid=i) for i in range(2)])
+  # both processes' devices (TF's MultiWorkerMirroredStrategy: one CPU replica a worker)
+  devices = {"jax": 4, "tf": 2}[framework]
+  assert row["num_devices"] == devices and row["mesh"] == f"data={devices}", row
+  assert row["status"] == "aborted" and row["samples_completed"] > 0, row
+  assert row["metric_name"] == "top1_accuracy" and 0 <= row["final_metric"] <= 1, row
+  for i, out in enumerate(outs):
+    lines = out.splitlines()
+    first = next(n for n, line in enumerate(lines) if line.startswith(("cluster:", "[")))
+    assert lines[first].startswith(f"cluster: slurm, process {i} of 2"), out[:500]

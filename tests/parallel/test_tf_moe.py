@@ -68,9 +68,9 @@ def one_replica():
   return trainer, weights, grads, counts, metrics, mp_tests.whole_weights(trainer)
 
 
-# two experts a device with a data axis, one expert a device (data=1: the data axis adds
-# nothing data=2,expert=2 does not show, and doubled the replicas TF traces)
-@pytest.mark.parametrize("mesh", ["data=2,expert=2", "data=1,expert=4"])
+# two experts a device with a data axis (one expert a device, data=1,expert=4, is the same
+# dispatch at a third more CPU; JAX's test keeps data=2,expert=4)
+@pytest.mark.parametrize("mesh", ["data=2,expert=2"])
 def test_expert_parallel_equals_one_replica(one_replica, mesh):
   one, weights, one_grads, one_counts, one_metrics, one_after = one_replica
   trainer = moe_trainer(mesh)
