@@ -2,21 +2,25 @@
 
   every N epochs, the first after N - offset (ResNet: every 4, offset 0..3);
   at a listed set of epochs (SSD v0.7-v1.0: 40, 50, 55, ..., 80);
-  every N training samples, rounded up to whole batches (BERT: a formula of the batch size).
+  every N training samples, rounded up to whole batches (BERT: a formula of the batch size);
+  N times an epoch (DLRM-DCNv2: every 0.05 epoch, epoch_num the fraction trained).
 
 A run's TrainConfig holds its schedule (train.eval_every_epochs / eval_offset_epochs,
-train.eval_at_epochs, or train.eval_every_samples); presets fill it from rules/<benchmark>.yaml
+train.eval_at_epochs, train.eval_every_samples, or train.evals_per_epoch); presets fill it from rules/<benchmark>.yaml
 with `apply_rules`. `plan` turns it into the driver's blocks: the global step after which each
 eval runs, and the block_start metadata (first_epoch_num, epoch_count) in the schedule's unit.
 """
 import math
 
 EVERY_EPOCHS, AT_EPOCHS, EVERY_SAMPLES = "every_epochs", "at_epochs", "every_samples"
+PER_EPOCH = "per_epoch"
 
 
 def kind(train) -> str:
   if train.eval_every_samples:
     return EVERY_SAMPLES
+  if getattr(train, "evals_per_epoch", 0):
+    return PER_EPOCH
   return AT_EPOCHS if train.eval_at_epochs else EVERY_EPOCHS
 
 
@@ -57,6 +61,19 @@ def sample_blocks(max_samples, eval_every, global_batch_size):
   return out
 
 
+def fraction_blocks(total_steps, per_epoch, evals_per_epoch):
+  """[(first_step, step_count)]: an eval every floor(per_epoch / evals_per_epoch) steps (at
+  least 1), the last block ending at the budget (the DLRM-DCNv2 reference evaluates every
+  `validation_freq_within_epoch` steps)."""
+  every = max(1, per_epoch // evals_per_epoch)
+  return [(first, min(every, total_steps - first)) for first in range(0, total_steps, every)]
+
+
+def epoch_fraction(steps, per_epoch) -> float:
+  """Epochs trained after `steps`, as a fraction logged in epoch_num (4 decimals)."""
+  return round(steps / per_epoch, 4)
+
+
 def steps_per_epoch(train_examples: int, global_batch_size: int) -> int:
   """Steps that cover one epoch (the last batch of an epoch spills into the next): the one
   place it is computed (the driver's blocks and the optimizers' schedules read it)."""
@@ -83,6 +100,11 @@ def plan(train, per_epoch, max_steps):
   if kind(train) == EVERY_SAMPLES:
     return [(min(first + count, max_steps), first * gbs, count * gbs)
             for first, count in sample_blocks(train.max_samples, train.eval_every_samples, gbs)]
+  if kind(train) == PER_EPOCH:
+    total = budget_steps(train, per_epoch)
+    return [(min(first + count, max_steps), epoch_fraction(first, per_epoch),
+             epoch_fraction(count, per_epoch))
+            for first, count in fraction_blocks(total, per_epoch, train.evals_per_epoch)]
   if kind(train) == AT_EPOCHS:
     blocks = at_epoch_blocks(train.eval_at_epochs, train.max_epochs)
   else:
@@ -93,13 +115,15 @@ def plan(train, per_epoch, max_steps):
 
 def apply_rules(train, eval_rules: dict):
   """Sets train's epoch schedule from a rules file's `eval:` section (unit epochs: `every`
-  [+ offset 0] or `at_epochs`). Sample schedules are formulas of the batch: the workload's
+  [+ offset 0], `every` below 1 (evals an epoch: 1 / every), or `at_epochs`). Sample schedules are formulas of the batch: the workload's
   spec.derive computes them."""
   if eval_rules.get("unit") != "epochs":
     return train
   if "at_epochs" in eval_rules:
     train.eval_at_epochs = tuple(float(e) for e in eval_rules["at_epochs"])
     train.max_epochs = max(train.eval_at_epochs)
+  elif float(eval_rules["every"]) < 1:
+    train.evals_per_epoch = round(1 / float(eval_rules["every"]))
   else:
     train.eval_every_epochs = int(eval_rules["every"])
     train.eval_offset_epochs = 0
@@ -112,6 +136,8 @@ def describe(train) -> str:
   if k == EVERY_SAMPLES:
     return (f"eval every {train.eval_every_samples:,} samples, budget "
             f"{train.max_samples:,} samples")
+  if k == PER_EPOCH:
+    return (f"eval {train.evals_per_epoch} times an epoch, budget {train.max_epochs:g} epochs")
   if k == AT_EPOCHS:
     return (f"eval at epochs {', '.join(f'{e:g}' for e in train.eval_at_epochs)}, budget "
             f"{train.max_epochs:g} epochs")

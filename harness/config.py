@@ -41,6 +41,9 @@ class TrainConfig:
   # (spec.derive) means "from the MLPerf formula for this batch size".
   eval_every_samples: int = 0
   max_samples: int = 0
+  # Several evals an epoch (MLPerf DLRM-DCNv2: 20, every 0.05 epoch): eval every
+  # floor(steps per epoch / evals_per_epoch) steps, epoch_num logged as the epoch fraction.
+  evals_per_epoch: int = 0
 
   def validate(self):
     positive(self, "global_batch_size", "max_epochs", "eval_every_epochs", "synthetic_steps")
@@ -48,6 +51,10 @@ class TrainConfig:
     in_range(self, "steps_per_loop", 0, None)
     in_range(self, "eval_every_samples", 0, None)
     in_range(self, "max_samples", 0, None)
+    in_range(self, "evals_per_epoch", 0, None)
+    if self.evals_per_epoch and (self.eval_every_samples or self.eval_at_epochs):
+      raise UsageError(f"{key_of(self, 'evals_per_epoch')}={self.evals_per_epoch} and another "
+                       "eval schedule are both set; allowed: one eval schedule")
     if self.eval_every_samples and not self.max_samples:
       raise UsageError(f"{key_of(self, 'eval_every_samples')}={self.eval_every_samples} needs a "
                        f"sample budget; allowed: {key_of(self, 'max_samples')} > 0")

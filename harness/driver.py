@@ -316,6 +316,9 @@ class Run:
       if by_samples:                          # MLPerf BERT: epoch_num = samples trained
         epoch_num = steps_done * gbs
         progress = f"samples {epoch_num}/{cfg.train.max_samples}"
+      elif cadence.kind(cfg.train) == cadence.PER_EPOCH:   # MLPerf DLRM: the epoch fraction
+        epoch_num = cadence.epoch_fraction(steps_done, per_epoch)
+        progress = f"epoch {epoch_num:g}/{cfg.train.max_epochs:g}"
       else:
         epoch_num = min(first + count, math.ceil(epoch))   # less if --steps cut the block
         progress = f"epoch {epoch:g}/{cfg.train.max_epochs:g}"

@@ -10,6 +10,7 @@ _SPEC_MODULES = {
     "efficientnet": "workloads.efficientnet.spec",
     "transformer": "workloads.transformer.spec",
     "ssd": "workloads.ssd.spec",
+    "dlrm": "workloads.dlrm.spec",
 }
 
 

@@ -199,3 +199,36 @@ class AdamConfig:
     in_range(self, "warmup_steps", 0, None)
     for field in ("beta_1", "beta_2", "label_smoothing"):
       in_range(self, field, 0.0, 1.0)
+
+
+@dataclasses.dataclass
+class AdagradConfig:
+  """Adagrad as torch.optim.Adagrad computes it (the MLPerf DLRM-DCNv2 reference's optimizer,
+  dense layers and embedding tables alike), with the reference's LRPolicyScheduler: linear
+  warmup, then from decay_start a quadratic decay over decay_steps. The closed rules fix
+  everything but the learning rate (closed_dlrm_dcnv2.yaml: lr decay, weight decay, initial
+  accumulator, warmup and decay steps 0, epsilon 1e-8)."""
+  name: str = "adagrad"
+  base_learning_rate: float = 0.004          # opt_base_learning_rate
+  epsilon: float = 1e-8                      # opt_adagrad_epsilon (outside the sqrt, as torch)
+  initial_accumulator_value: float = 0.0     # opt_adagrad_initial_accumulator_value
+  lr_decay: float = 0.0                      # opt_adagrad_learning_rate_decay
+  weight_decay: float = 0.0                  # opt_weight_decay
+  warmup_steps: int = 0                      # opt_learning_rate_warmup_steps
+  decay_start_step: int = 0                  # opt_learning_rate_decay_start_step
+  decay_steps: int = 0                       # opt_learning_rate_decay_steps
+
+  def summary(self) -> str:
+    return (f"adagrad (lr {self.base_learning_rate}, eps {self.epsilon}, warmup "
+            f"{self.warmup_steps} steps, decay {self.decay_steps} steps from step "
+            f"{self.decay_start_step})")
+
+  def validate(self):
+    one_of(self, "name", ("adagrad",))
+    positive(self, "base_learning_rate", "epsilon")
+    for field in ("initial_accumulator_value", "warmup_steps", "decay_start_step", "decay_steps"):
+      in_range(self, field, 0, None)
+    for field in ("lr_decay", "weight_decay"):
+      if getattr(self, field):
+        raise UsageError(f"{key_of(self, field)}={getattr(self, field)!r} is not implemented "
+                         "(the MLPerf rules fix it to 0); allowed: 0")

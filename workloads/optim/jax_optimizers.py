@@ -268,3 +268,36 @@ def tf_adam(learning_rate: Callable, b1: float = 0.9, b2: float = 0.999, epsilon
 def make_adam(opt_cfg, schedule) -> optax.GradientTransformation:
   return tf_adam(lambda step: schedule(step, ops=jnp), opt_cfg.beta_1, opt_cfg.beta_2,
                  opt_cfg.epsilon)
+
+
+class AdagradState(NamedTuple):
+  count: jax.Array
+  sum: Any
+
+
+def torch_adagrad(learning_rate: Callable, epsilon: float = 1e-8,
+                  initial_accumulator_value: float = 0.0) -> optax.GradientTransformation:
+  """Adagrad as torch.optim.Adagrad (and TorchRec's fused EXACT_ADAGRAD) computes it:
+
+    sum = sum + g^2;   w = w - lr * g / (sqrt(sum) + epsilon)
+
+  optax.adagrad puts epsilon inside the square root and skips elements whose sum is 0; the
+  torch form is the reference's, and both frameworks use it."""
+  def init(params):
+    return AdagradState(count=jnp.zeros([], jnp.int32), sum=jax.tree.map(
+        lambda p: jnp.full_like(p, initial_accumulator_value), params))
+
+  def update(grads, state, params=None):
+    del params
+    lr = learning_rate(state.count)
+    total = jax.tree.map(lambda s, g: s + jnp.square(g), state.sum, grads)
+    updates = jax.tree.map(lambda g, s: (-lr * g / (jnp.sqrt(s) + epsilon)).astype(g.dtype),
+                           grads, total)
+    return updates, AdagradState(state.count + 1, total)
+
+  return optax.GradientTransformation(init, update)
+
+
+def make_adagrad(opt_cfg, schedule) -> optax.GradientTransformation:
+  return torch_adagrad(lambda step: schedule(step, ops=jnp), opt_cfg.epsilon,
+                       opt_cfg.initial_accumulator_value)

@@ -158,3 +158,30 @@ class WarmupStepSchedule:
     for boundary in self.boundaries:
       lr = ops.where(step >= boundary, lr * self.decay_factor, lr)
     return ops.where(step < self.warmup_steps, warm, lr)
+
+
+@dataclasses.dataclass(frozen=True)
+class LrPolicySchedule:
+  """The MLPerf DLRM reference's LRPolicyScheduler, at update count `step` (from 0):
+
+  lr = base_lr * (step + 1) / warmup                            step + 1 < warmup
+     = base_lr * ((decay_steps - (step + 1 - start)) / decay_steps) ** 2, at least 1e-7,
+                                                                start <= step + 1 < start + decay
+     = the last decayed value after the decay; base_lr otherwise (no decay)
+  (the reference's scheduler counts its own steps from 1).
+  """
+  base_lr: float
+  warmup_steps: int
+  decay_start_step: int
+  decay_steps: int
+
+  def __call__(self, step, ops=np):
+    n = step * 1.0 + 1.0
+    warm = self.base_lr * n / max(self.warmup_steps, 1)
+    lr = self.base_lr + 0.0 * n
+    if self.decay_steps:
+      done = ops.minimum(n - self.decay_start_step, float(self.decay_steps))
+      decayed = ops.maximum(self.base_lr * ((self.decay_steps - done) / self.decay_steps) ** 2,
+                            1e-7)
+      lr = ops.where(n >= self.decay_start_step, decayed, lr)
+    return ops.where(n < self.warmup_steps, warm, lr)

@@ -324,3 +324,53 @@ def adam_update(w, g, m, v, lr, t, *, beta_1, beta_2, epsilon):
 def make_adam(opt_cfg, schedule, dtype="float32"):
   """`dtype`: the learning rate's (float64 for float64 variables)."""
   return TfAdam(KerasSchedule(schedule, dtype), opt_cfg.beta_1, opt_cfg.beta_2, opt_cfg.epsilon)
+
+
+class TorchAdagrad(_Optimizer):
+  """Adagrad as torch.optim.Adagrad (formula: jax_optimizers.torch_adagrad), the MLPerf
+  DLRM-DCNv2 reference's optimizer. Keras' Adagrad puts epsilon inside the square root."""
+
+  def __init__(self, learning_rate, epsilon=1e-8, initial_accumulator_value=0.0,
+               name="torch_adagrad", **kwargs):
+    super().__init__(learning_rate=learning_rate, name=name, **kwargs)
+    self.epsilon, self.initial_accumulator_value = epsilon, initial_accumulator_value
+
+  def build(self, var_list):
+    if self.built:
+      return
+    super().build(var_list)
+    self.sums = [self.add_variable_from_reference(v, "sum", initializer=keras.initializers.Constant(
+        self.initial_accumulator_value)) for v in var_list]
+
+  def update_step(self, gradient, variable, learning_rate):
+    total = self.sums[self._get_variable_index(variable)]
+    new_w, new_sum = adagrad_update(variable, ops.cast(gradient, variable.dtype), total,
+                                    ops.cast(learning_rate, variable.dtype), self.epsilon)
+    self.assign(total, new_sum)
+    self.assign(variable, new_w)
+
+  def flat_update_rule(self):
+    epsilon = self.epsilon
+
+    def rule(w, g, slots, lr, step, mask, layer_norm):
+      del step, mask, layer_norm
+      new_w, total = adagrad_update(w, g, slots["sum"], lr, epsilon)
+      return new_w, {"sum": total}
+    return rule, ("sum",)
+
+  def get_config(self):
+    config = super().get_config()
+    config.update(epsilon=self.epsilon, initial_accumulator_value=self.initial_accumulator_value)
+    return config
+
+
+def adagrad_update(w, g, total, lr, epsilon):
+  """One torch Adagrad step -> (new w, new sum)."""
+  total = total + ops.square(g)
+  return w - lr * g / (ops.sqrt(total) + epsilon), total
+
+
+def make_adagrad(opt_cfg, schedule, dtype="float32"):
+  """`dtype`: the learning rate's (float64 for float64 variables)."""
+  return TorchAdagrad(KerasSchedule(schedule, dtype), opt_cfg.epsilon,
+                      opt_cfg.initial_accumulator_value)

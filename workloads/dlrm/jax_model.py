@@ -1,0 +1,115 @@
+"""DLRM-DCNv2 in flax (TorchRec's DLRM_DCN, the MLPerf reference's model).
+
+  dense [B, 13] -> bottom MLP (ReLU on every layer) -> [B, D]
+  sparse ids [B, sum(bag sizes)] -> the embedding slab's rows (embedding_plan.py), summed per
+      feature -> [B, F, D]
+  x0 = [dense, the F pooled vectors] flattened -> [B, (F + 1) D]   (dense first, as TorchRec)
+  DCNv2, low rank:  x_{l+1} = x0 * (W_l (V_l x_l) + b_l) + x_l       (LowRankCrossNet)
+  top MLP (ReLU on every layer but the last) -> one logit
+
+Initialisers as the reference's: nn.Linear's uniform(+-1/sqrt(fan_in)) for the MLPs' weights
+and biases, Xavier normal for V and W (bias 0), each table uniform(+-sqrt(1/rows)).
+Parameters and the slab are float32; `dtype` is the compute dtype (bf16 under mixed precision).
+"""
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from workloads.dlrm import embedding_plan
+from workloads.parallel.jax_runtime import constrain
+
+
+def torch_linear_init(fan_in):
+  """torch.nn.Linear's default: kaiming_uniform(a=sqrt(5)) = uniform(+-1/sqrt(fan_in))."""
+  bound = 1.0 / np.sqrt(fan_in)
+  return lambda key, shape, dtype=jnp.float32: jax.random.uniform(key, shape, dtype, -bound,
+                                                                  bound)
+
+
+def dense(features, fan_in, dtype, name):
+  init = torch_linear_init(fan_in)
+  return nn.Dense(features, dtype=dtype, kernel_init=init, bias_init=init, name=name)
+
+
+class Mlp(nn.Module):
+  widths: tuple
+  fan_in: int
+  last_relu: bool
+  dtype: jnp.dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x):
+    fan_in = self.fan_in
+    for i, width in enumerate(self.widths):
+      x = dense(width, fan_in, self.dtype, f"dense_{i}")(x)
+      if self.last_relu or i < len(self.widths) - 1:
+        x = nn.relu(x)
+      fan_in = width
+    return x
+
+
+class LowRankCross(nn.Module):
+  """One DCNv2 cross layer with the low-rank projection V [d, r], W [r, d] (+ bias)."""
+  rank: int
+  dtype: jnp.dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x0, x):
+    d = x.shape[-1]
+    v = nn.Dense(self.rank, use_bias=False, dtype=self.dtype, name="V",
+                 kernel_init=nn.initializers.xavier_normal())
+    w = nn.Dense(d, dtype=self.dtype, name="W", kernel_init=nn.initializers.xavier_normal(),
+                 bias_init=nn.initializers.zeros)
+    return x0 * w(v(x)) + x
+
+
+class Embedding(nn.Module):
+  """The tables in one slab (embedding_plan.py); sums each feature's bag."""
+  plan: embedding_plan.Plan
+  multi_hot_sizes: tuple
+  dim: int
+  dtype: jnp.dtype = jnp.float32
+
+  def setup(self):
+    bounds = self.plan.row_bounds()
+
+    def init(key, shape, dtype=jnp.float32):
+      return (jax.random.uniform(key, shape, dtype, -1.0, 1.0) *
+              jnp.asarray(bounds, dtype)[:, None])
+    self.slab = self.param("slab", init, (self.plan.slab_rows, self.dim))
+
+  def __call__(self, ids):
+    consts = self.plan.column_constants(self.multi_hot_sizes)
+    rows = embedding_plan.lookup_rows(ids, {k: jnp.asarray(v) for k, v in consts.items()},
+                                      jnp)
+    # a gather from rows split over `model`: GSPMD looks up each peer's rows and sums over
+    # the peers (the vocabulary-parallel lookup)
+    found = jnp.take(self.slab, rows, axis=0).astype(self.dtype)     # [B, columns, D]
+    bag = jax.nn.one_hot(consts["feature"], len(self.multi_hot_sizes), dtype=self.dtype)
+    return constrain(jnp.einsum("bcd,cf->bfd", found, bag), ("batch", "length", "embed"))
+
+
+class Dlrm(nn.Module):
+  cfg: object                 # spec.ModelConfig
+  plan: embedding_plan.Plan
+  dtype: jnp.dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, dense_x, sparse_ids):
+    m = self.cfg
+    bottom = Mlp(tuple(m.bottom_mlp), m.dense_features, True, self.dtype, name="bottom_mlp")
+    pooled = Embedding(self.plan, tuple(m.multi_hot_sizes), m.embedding_dim, self.dtype,
+                       name="embedding")(sparse_ids)
+    x0 = jnp.concatenate([bottom(dense_x.astype(self.dtype))[:, None, :], pooled], axis=1)
+    x0 = x0.reshape(x0.shape[0], -1)
+    x = x0
+    for layer in range(m.dcn_num_layers):
+      x = LowRankCross(m.dcn_low_rank_dim, self.dtype, name=f"cross_{layer}")(x0, x)
+    logits = Mlp(tuple(m.top_mlp), m.interaction_dim, False, self.dtype, name="top_mlp")(x)
+    return logits[:, 0].astype(jnp.float32)
+
+
+def build(cfg, dtype, model_axis: int) -> Dlrm:
+  from workloads.dlrm import spec
+  return Dlrm(cfg.model, spec.plan(cfg, model_axis), dtype)
