@@ -107,7 +107,7 @@ class Dlrm(nn.Module):
     for layer in range(m.dcn_num_layers):
       x = LowRankCross(m.dcn_low_rank_dim, self.dtype, name=f"cross_{layer}")(x0, x)
     logits = Mlp(tuple(m.top_mlp), m.interaction_dim, False, self.dtype, name="top_mlp")(x)
-    return logits[:, 0].astype(jnp.float32)
+    return logits[:, 0].astype(jnp.promote_types(self.dtype, jnp.float32))   # f32 under bf16
 
 
 def build(cfg, dtype, model_axis: int) -> Dlrm:

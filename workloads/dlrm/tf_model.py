@@ -35,7 +35,8 @@ class SlabInitializer(keras.initializers.Initializer):
 
 
 class Dlrm(keras.Model):
-  """call(dense [B, 13], sparse ids [B, columns]) -> logits [B] (float32)."""
+  """call(dense [B, 13], sparse ids [B, columns]) -> logits [B] (float32; float64 for a
+  float64 model)."""
 
   def __init__(self, model_cfg, plan, dtype="float32", runtime=None, **kwargs):
     super().__init__(name="dlrm", dtype=dtype, **kwargs)
@@ -65,9 +66,10 @@ class Dlrm(keras.Model):
     for v, w in self.crosses:
       v.build((None, m.interaction_dim))
       w.build((None, m.dcn_low_rank_dim))
+    self.built = True
 
   def build(self, *args, **kwargs):
-    """Every weight is made in __init__ or by a sublayer's first call."""
+    """Every weight is made in __init__."""
     del args, kwargs
     self.built = True
 
@@ -91,7 +93,7 @@ class Dlrm(keras.Model):
       x = x0 * w(v(x)) + x
     for layer in self.top:
       x = layer(x)
-    return ops.cast(x[:, 0], "float32")
+    return ops.cast(x[:, 0], "float64" if self.compute_dtype == "float64" else "float32")
 
   def sublayers(self):
     """{flax module name: Keras layer or variable} (tf_layers.variables_by_path)."""
