@@ -236,3 +236,27 @@ def test_the_official_checker_leaves_no_file_where_it_is_run(tmp_path, monkeypat
   monkeypatch.chdir(here)
   passed, _ = compliance.check(row.log_path)
   assert passed and os.listdir(here) == []
+
+
+def test_evals_within_an_epoch_log_the_epoch_fraction(tmp_path):
+  """DLRM-DCNv2's schedule (rules/dlrm_dcnv2.yaml: every 0.05 epoch = 20 evals an epoch) scaled
+  down to 4 an epoch: an eval every floor(10 / 4) = 2 steps, epoch_num the fraction trained;
+  the official checker (4.0.0, open division) passes the log."""
+  from harness import rules
+  from workloads.dlrm import spec as dlrm_spec
+  reference = cadence.apply_rules(dlrm_spec.reference().train, rules.load("dlrm_dcnv2").eval_cadence)
+  assert reference.evals_per_epoch == 20
+  per_epoch = cadence.steps_per_epoch(4_195_197_692, 55296)       # 75,869 steps
+  ends = [end for end, _, _ in cadence.plan(reference, per_epoch, per_epoch)]
+  assert len(ends) == 21 and ends[:2] == [3793, 7586] and ends[-1] == per_epoch   # 20 x 3,793
+  cfg = dlrm_spec.mini()
+  cfg.train.evals_per_epoch, cfg.train.max_epochs = 4, 2.0
+  trainer = ScriptedTrainer([0.5, 0.6, 0.88], metric="auc")
+  row, events, _ = _run(tmp_path, trainer, cfg, workload=dlrm_spec.SPEC)
+  assert trainer.steps == [2, 2, 2] and row.status == "success"
+  assert [e["metadata"]["epoch_num"] for e in events if e["key"] == "eval_accuracy"] == [
+      0.2, 0.4, 0.6]
+  blocks = [(e["metadata"]["first_epoch_num"], e["metadata"]["epoch_count"])
+            for e in events if e["key"] == "block_start"]
+  assert blocks == [(0.0, 0.2), (0.2, 0.2), (0.4, 0.2)]
+  assert compliance.check(row.log_path)[0]

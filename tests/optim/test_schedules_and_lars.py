@@ -113,3 +113,31 @@ def test_the_tf_optimizers_without_a_sharded_rule_are_the_ones_the_cli_refuses()
   for config, optimizer in tf_class.items():
     has_rule = optimizer.flat_update_rule is not base
     assert getattr(config, "tf_weight_update_sharding", True) == has_rule, config.__name__
+
+
+def test_torch_adagrad_and_the_dlrm_lr_policy_match_their_definitions():
+  """torch.optim.Adagrad's update (sum += g^2; w -= lr g / (sqrt(sum) + eps)) step by step in
+  numpy, at the rates of the DLRM reference's LRPolicyScheduler written out as its loop: warmup
+  scale (step / warmup), then ((decay - done) / decay)^2 from decay_start, at least 1e-7, then
+  the last rate (its own step counter starts at 1)."""
+  policy = schedules.LrPolicySchedule(base_lr=0.5, warmup_steps=3, decay_start_step=5,
+                                      decay_steps=4)
+  rates, last = [], 0.5
+  for n in range(1, 12):
+    if n < 3:
+      last = 0.5 * (1 - (3 - n) / 3)
+    elif 5 <= n < 9:
+      last = max(1e-7, 0.5 * ((4 - (n - 5)) / 4) ** 2)
+    elif n < 5:
+      last = 0.5
+    rates.append(last)
+  np.testing.assert_allclose([float(policy(s)) for s in range(11)], rates, rtol=1e-12)
+  tx = jax_optimizers.torch_adagrad(lambda step: policy(step, ops=jnp), epsilon=1e-8)
+  w = jnp.array([1.0, -2.0, 0.5])
+  state, total, expected = tx.init(w), np.zeros(3), np.array(w)
+  for step, g in enumerate([np.array([0.1, -0.3, 0.0]), np.array([0.2, 0.1, 0.05])] * 3):
+    updates, state = tx.update(jnp.asarray(g, jnp.float32), state, w)
+    w = w + updates
+    total += g ** 2
+    expected = expected - rates[step] * g / (np.sqrt(total) + 1e-8)
+    np.testing.assert_allclose(w, expected, rtol=1e-6, atol=1e-6)   # float32 updates
