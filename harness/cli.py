@@ -180,6 +180,8 @@ def build_parser():
 
   from harness.commsim import command as simulate_command
   simulate_command.add_parser(sub)
+  from harness import predict_command
+  predict_command.add_parser(sub)
   return parser
 
 
@@ -556,9 +558,15 @@ def cmd_simulate(args):
   return command.run(args)
 
 
+def cmd_predict(args):
+  from harness import predict_command
+  return predict_command.run(args)
+
+
 COMMANDS = {"run": cmd_run, "list": cmd_list, "describe": cmd_describe,
             "summarize": cmd_summarize, "compare": cmd_compare, "check": cmd_check,
-            "report": cmd_report, "simulate": cmd_simulate, "package": cmd_package}
+            "report": cmd_report, "simulate": cmd_simulate, "package": cmd_package,
+            "predict": cmd_predict}
 
 
 def main(argv=None) -> int:

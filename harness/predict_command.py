@@ -1,0 +1,148 @@
+"""`run_benchmark.py predict`: the command line of harness/predict.py (its docstring has the
+model): one prediction's breakdown, or the backtest table over MLPerf result folders."""
+import json
+import math
+
+from harness import predict
+from harness.commsim import command as simulate_command
+from harness.commsim import machine as machine_lib
+from harness.errors import UsageError
+
+LINK_FLAGS = ("link_bandwidth", "link_latency", "overhead", "injection_bandwidth",
+              "network_bandwidth", "network_latency", "nics_per_node")
+
+
+def add_parser(sub):
+  p = sub.add_parser(
+      "predict", help="time to train on a system you do not have, from one measured result",
+      description="Predict MLPerf's time to train on a target system from one measured "
+                  "result (an MLPerf result folder or this harness's result CSV): samples to "
+                  "converge from the benchmark's RCPs, the measured step scaled to the "
+                  "target's examples per chip, the gradient all-reduce simulated on the "
+                  "target's topology, the evals. --backtest checks it on every scaling family "
+                  "of MLPerf result folders. Framework-neutral.")
+  p.add_argument("result", nargs="?", help="<org>/results/<system>/<benchmark> (with "
+                                           "<org>/systems/<system>.json), or a result CSV")
+  p.add_argument("--system", metavar="SYSTEM_JSON",
+                 help="the target in MLPerf's system-description format (accelerator model, "
+                      "accelerators per node, number of nodes)")
+  p.add_argument("--chips", type=int, help="the target's chips (instead of --system)")
+  p.add_argument("--machine", choices=sorted(machine_lib.PRESETS),
+                 help="the target's simulator preset (default: from the accelerator's name)")
+  p.add_argument("--topology", help=machine_lib.TOPOLOGY_SYNTAX +
+                 " (default: the squarest torus of the chips, or nodes of the system's size)")
+  p.add_argument("--batch", type=int, help="the target's global batch (default: the largest "
+                                           "batch the RCPs cover that divides over the chips)")
+  p.add_argument("--backtest", nargs="+", metavar="FOLDER",
+                 help="every scaling family in these MLPerf result folders, each larger "
+                      "system predicted from the family's smallest")
+  p.add_argument("--json", action="store_true", help="print JSON")
+  g = p.add_argument_group("link figures (a machine without a preset, as simulate takes them)")
+  g.add_argument("--link-bandwidth", type=float, metavar="GB/S", help="per direction")
+  g.add_argument("--link-latency", type=float, metavar="US", help="per hop")
+  g.add_argument("--overhead", type=float, metavar="US", help="per message")
+  g.add_argument("--injection-bandwidth", type=float, metavar="GB/S")
+  g.add_argument("--network-bandwidth", type=float, metavar="GB/S")
+  g.add_argument("--network-latency", type=float, metavar="US")
+  g.add_argument("--nics-per-node", type=int, metavar="K")
+
+
+def _target(args, measured) -> predict.Target:
+  """The target system from --system, or --chips with --machine (or link figures)."""
+  if args.system and args.chips:
+    raise UsageError("--system and --chips both given; allowed: one of them")
+  links = any(getattr(args, f) is not None for f in LINK_FLAGS)
+  if args.system:
+    desc = predict.read_system_json(args.system)
+    machine = args.machine or predict.machine_of(desc["accelerator"], desc["system_name"])
+    chips, per_node, accelerator = desc["chips"], desc["per_node"], desc["accelerator"]
+  elif args.chips is not None:
+    machine, chips, per_node = args.machine or measured.machine, args.chips, 8
+    accelerator = measured.accelerator
+  else:
+    raise UsageError("a target is required; allowed: --system SYSTEM_JSON, or --chips N "
+                     "with --machine M (or link figures)")
+  if links:
+    if not args.topology:
+      raise UsageError("link figures need --topology (e.g. torus:32x32 or multinode:16x8)")
+    args.ideal = machine is None
+    args.machine = machine
+    topology, kwargs, _ = simulate_command.machine_args(args)
+    kind, shape = machine_lib.parse_topology(topology)
+    if math.prod(shape) != chips:
+      raise UsageError(f"--topology {topology} has {math.prod(shape)} chips, the target "
+                       f"{chips}; allowed: a topology of {chips} chips")
+    return predict.Target(chips, machine, topology, kwargs, accelerator,
+                          f"{machine or 'given links'} {topology}")
+  if machine is None:
+    raise UsageError(f"accelerator {accelerator!r} has no simulator preset; allowed: --machine "
+                     f"{'/'.join(machine_lib.PRESETS)}, or link figures (--link-bandwidth and "
+                     "the rest, with --topology)")
+  if args.topology:
+    kind, shape = machine_lib.parse_topology(args.topology)
+    if math.prod(shape) != chips:
+      raise UsageError(f"--topology {args.topology} has {math.prod(shape)} chips, the target "
+                       f"{chips}; allowed: a topology of {chips} chips")
+  return predict.make_target(chips, machine, args.topology, accelerator, per_node)
+
+
+def run(args) -> int:
+  if args.backtest:
+    rows = predict.backtest(args.backtest)
+    if args.json:
+      print(json.dumps([{k: r[k] for k in ("family", "from", "to", "predicted_minutes",
+                                           "measured_minutes", "error", "reason")}
+                        for r in rows], indent=1))
+    else:
+      print_backtest(rows)
+    return 0
+  if not args.result:
+    raise UsageError("a RESULT is required (an MLPerf result folder or a result CSV), or "
+                     "--backtest FOLDER...")
+  measured = predict.read_result(args.result)
+  if args.batch is not None and args.batch < 1:
+    raise UsageError(f"--batch {args.batch} is out of range; allowed: >= 1")
+  out = predict.predict(measured, _target(args, measured), args.batch)
+  if args.json:
+    print(json.dumps(out, indent=1))
+  else:
+    print_breakdown(out)
+  return 0
+
+
+def print_breakdown(out):
+  unit = "samples" if out["sample_unit"] != "epochs" else "samples"
+  measured = (f"; its score {out['measured_minutes']:.3f} min"
+              if out["measured_minutes"] else "")
+  print(f"from:      {out['benchmark']} on {out['from']}: {out['from_chips']} chips, batch "
+        f"{out['from_batch']}{measured}")
+  print(f"to:        {out['to']}: {out['chips']} chips, global batch {out['batch']} "
+        f"({out['per_chip']:.4g} a chip)")
+  print(f"converge:  {out['samples_mean']:,.0f} {unit} ({out['samples_low']:,.0f} .. "
+        f"{out['samples_high']:,.0f}); {out['convergence']}")
+  print(f"steps:     {out['steps_mean']:,} ({out['steps_low']:,} .. {out['steps_high']:,})")
+  print(f"step:      measured {out['measured_step_s'] * 1e3:.4g} ms (less "
+        f"{out['source_exposed_s'] * 1e3:.3g} ms of exposed all-reduce) -> compute "
+        f"{out['compute_s'] * 1e3:.4g} ms a step here ({out['step_fixed_s'] * 1e3:.3g} ms "
+        f"fixed, the rest per example; chip speed x{out['chip_speed']:.3g})")
+  print(f"all-reduce: {out['parameters']:,} parameters x {predict.GRADIENT_BYTES} B: "
+        f"{out['all_reduce_s'] * 1e3:.4g} ms, {out['exposed_s'] * 1e3:.4g} ms exposed after "
+        f"the backward pass -> step {out['step_s'] * 1e3:.4g} ms")
+  print(f"evals:     {out['evals_mean']:.3g} x {out['eval_s']:.3g} s")
+  print(f"predicted: {out['minutes_mean']:.3f} minutes ({out['minutes_low']:.3f} .. "
+        f"{out['minutes_high']:.3f} over the samples-to-converge range), run_start to run_stop")
+
+
+def print_backtest(rows):
+  import pandas as pd                            # pylint: disable=import-outside-toplevel
+  frame = pd.DataFrame(rows, columns=["family", "from", "to", "predicted_minutes",
+                                      "measured_minutes", "error", "reason"])
+  frame["error"] = frame["error"].map(lambda e: "" if e is None or e != e else f"{e:+.1%}")
+  frame["reason"] = frame["reason"].fillna("")
+  with pd.option_context("display.width", 250, "display.max_colwidth", 90,
+                         "display.max_rows", None):
+    print(frame.to_string(index=False, float_format=lambda v: f"{v:.3f}", na_rep="-"))
+  summary = predict.backtest_summary(rows)
+  if summary["predicted"]:
+    print(f"{summary['predicted']} predicted, {summary['refused']} refused; |error| median "
+          f"{summary['median_abs_error']:.1%}, worst {summary['worst_abs_error']:.1%}")
