@@ -259,14 +259,12 @@ def read_harness_csv(path) -> Measured:
 def _harness_parameters(spec, row) -> int:
   """The trainable parameters of the row's model (its preset, in its framework), counted from
   shapes by the framework (imported here only), as `simulate --workload` counts them."""
-  import os as os_
-  from harness import devices
   from harness.workload import RunContext
   cfg = spec.configure(row["preset"])
   if hasattr(cfg.data, "init_checkpoint"):
     cfg.data.init_checkpoint = ""
-  os_.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-  devices.prepare(row["framework"], 1)
+  cfg.parallel.mesh = "data=1"                   # shapes only: any device count will do
+  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
   trainer = spec.make_trainer(row["framework"], cfg, RunContext(seed=0, preset=row["preset"],
                                                                describing=True))
   return int(trainer.parameter_count())

@@ -127,3 +127,21 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
                                "accelerators_per_node": "8"}))
   line = _error(capsys, source, "--system", str(gaudi))
   assert "'Habana Gaudi2' has no simulator preset" in line and "tpu-v4" in line
+
+
+def test_from_this_harness_csv_to_1024_chips(tmp_path, capsys):
+  """A row of this harness's baseline (ResNet mini, JAX, one CPU): its logs read, its model's
+  parameters counted by its framework, the breakdown on 1,024 TPU v4 chips."""
+  import pandas as pd
+  root = os.path.join(os.path.dirname(__file__), "..", "..")
+  frame = pd.read_csv(os.path.join(root, "results", "baseline_cpu_mini.csv"))
+  frame = frame[(frame["workload"] == "resnet50") & (frame["framework"] == "jax")]
+  frame["log_path"] = [os.path.join(root, p) for p in frame["log_path"]]
+  frame.to_csv(tmp_path / "rows.csv", index=False)
+  assert cli.main(["predict", str(tmp_path / "rows.csv"), "--chips", "1024", "--machine",
+                   "tpu-v4", "--batch", "16384", "--json"]) == 0
+  out = json.loads(capsys.readouterr().out)
+  assert out["chips"] == 1024 and out["to"] == "tpu-v4 torus:16x8x8" and out["per_chip"] == 16
+  assert out["parameters"] < 1_000_000            # the mini model's, not ResNet-50's
+  assert "a mini preset has no RCP" in out["convergence"]
+  assert out["predicted_minutes"] > 0
