@@ -118,8 +118,8 @@ def test_the_tf_optimizers_without_a_sharded_rule_are_the_ones_the_cli_refuses()
 def test_torch_adagrad_and_the_dlrm_lr_policy_match_their_definitions():
   """torch.optim.Adagrad's update (sum += g^2; w -= lr g / (sqrt(sum) + eps)) step by step in
   numpy, at the rates of the DLRM reference's LRPolicyScheduler written out as its loop: warmup
-  scale (step / warmup), then ((decay - done) / decay)^2 from decay_start, at least 1e-7, then
-  the last rate (its own step counter starts at 1)."""
+  scale (step / warmup), then ((decay - done) / decay)^2 from decay_start, at least 1e-7, the
+  last rate set between and after them (its own step counter starts at 1)."""
   policy = schedules.LrPolicySchedule(base_lr=0.5, warmup_steps=3, decay_start_step=5,
                                       decay_steps=4)
   rates, last = [], 0.5
@@ -128,9 +128,7 @@ def test_torch_adagrad_and_the_dlrm_lr_policy_match_their_definitions():
       last = 0.5 * (1 - (3 - n) / 3)
     elif 5 <= n < 9:
       last = max(1e-7, 0.5 * ((4 - (n - 5)) / 4) ** 2)
-    elif n < 5:
-      last = 0.5
-    rates.append(last)
+    rates.append(last)              # between warmup and decay, and after it: frozen
   np.testing.assert_allclose([float(policy(s)) for s in range(11)], rates, rtol=1e-12)
   tx = jax_optimizers.torch_adagrad(lambda step: policy(step, ops=jnp), epsilon=1e-8)
   w = jnp.array([1.0, -2.0, 0.5])

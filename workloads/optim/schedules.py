@@ -167,7 +167,8 @@ class LrPolicySchedule:
   lr = base_lr * (step + 1) / warmup                            step + 1 < warmup
      = base_lr * ((decay_steps - (step + 1 - start)) / decay_steps) ** 2, at least 1e-7,
                                                                 start <= step + 1 < start + decay
-     = the last decayed value after the decay (step + 1 >= start + decay); base_lr otherwise
+     = with a decay, the last rate set (frozen between warmup and decay, and after the
+       decay); without one, base_lr
   (the reference's scheduler counts its own steps from 1).
   """
   base_lr: float
@@ -179,6 +180,8 @@ class LrPolicySchedule:
     n = step * 1.0 + 1.0
     warm = self.base_lr * n / max(self.warmup_steps, 1)
     lr = self.base_lr + 0.0 * n
+    if self.decay_steps and self.warmup_steps > 1:   # frozen at the warmup's last rate
+      lr = lr * (self.warmup_steps - 1) / self.warmup_steps
     if self.decay_steps:
       done = ops.minimum(n - self.decay_start_step, float(self.decay_steps - 1))   # then frozen
       decayed = ops.maximum(self.base_lr * ((self.decay_steps - done) / self.decay_steps) ** 2,
