@@ -42,7 +42,7 @@ def read_tf1_checkpoint(path: str, num_layers: int):
   """Yields (params path, numpy value) for every table entry, transposed where marked; a
   missing variable is an error that names it. Reads with tf.train.load_checkpoint (imported
   here: the checkpoint format is TensorFlow's, whichever framework trains)."""
-  import tensorflow as tf
+  from workloads.common.host_tf import tf
   reader = tf.train.load_checkpoint(path)
   stored = reader.get_variable_to_shape_map()
   missing = [name for name, _, _ in tf1_variable_table(num_layers) if name not in stored]

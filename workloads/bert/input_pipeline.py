@@ -16,7 +16,7 @@ import dataclasses
 import os
 
 import numpy as np
-import tensorflow as tf
+from workloads.common.host_tf import tf
 
 from workloads.bert import spec
 from workloads.common import mini_cache

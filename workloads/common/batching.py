@@ -5,8 +5,8 @@ import glob
 import math
 import os
 
-import tensorflow as tf
 
+from workloads.common.host_tf import tf
 from workloads.common import records
 
 
@@ -62,10 +62,12 @@ def tfrecord_files(data_dir, pattern, what="TFRecords"):
 
 
 def sharded_records(files, seed, process_index=0, process_count=1, cycle_length=8,
-                    reader=tf.data.TFRecordDataset):
+                    reader=None):
   """Shuffled, repeated records of this host: files are split over hosts when there are
   enough of them, records otherwise, so each example is read by exactly one host. `reader`
-  turns a file name into its dataset (records, or rows made of one file's records)."""
+  turns a file name into its dataset (records, or rows made of one file's records; default
+  tf.data.TFRecordDataset)."""
+  reader = reader or tf.data.TFRecordDataset
   ds = tf.data.Dataset.from_tensor_slices(files)
   host_files = len(files)
   if len(files) >= process_count:

@@ -13,9 +13,8 @@ train_examples/eval_examples, mini_*): ResNet's and EfficientNet's DataConfig.
 import dataclasses
 
 import numpy as np
-import tensorflow as tf
-import tensorflow_datasets as tfds
 
+from workloads.common.host_tf import tf, tfds
 from workloads.common import records
 from workloads.common.batching import host_batch_size, host_slice, padded_eval
 

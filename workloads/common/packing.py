@@ -9,7 +9,7 @@ of a row comes with `k_segmentation` (1, 2, ... per example in the row, 0 on pad
 masks and position encodings. Written here because neither TensorFlow nor tfds ships a packer
 (t5/seqio and Tensor2Tensor have their own, outside this project's dependencies).
 """
-import tensorflow as tf
+from workloads.common.host_tf import tf
 
 _FLUSH = "_flush"
 

@@ -6,8 +6,9 @@ DataLossError the command line asks `explain`, which reads the noted files one b
 then: the cost is on the error path) and names the first that fails, with tf.data's reason."""
 import glob
 import os
+import sys
 
-import tensorflow as tf
+from workloads.common.host_tf import tf
 
 from harness import errors
 
@@ -44,6 +45,8 @@ def first_corrupt(files=None):
 @errors.register_explainer
 def explain(error) -> str | None:
   """One line for a DataLossError of a run: the corrupt file and why, or what is known."""
+  if sys.modules.get("tensorflow") is None:      # no pipeline read a record: not ours
+    return None
   if not isinstance(error, tf.errors.DataLossError):
     return None
   found = first_corrupt()

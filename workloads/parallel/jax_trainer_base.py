@@ -30,16 +30,16 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
-import tensorflow as tf
 from jax.experimental import multihost_utils
 
 from harness import mesh, pipeline as gpipe
 from harness.workload import Description, PipelineDescription, is_synthetic
-from workloads.common import moe
+from workloads.common import host_tf, moe
 from workloads.parallel import jax_runtime
 
-# tf.data only feeds the host here: keep TensorFlow off any GPU so JAX has all its memory.
-tf.config.set_visible_devices([], "GPU")
+# tf.data only feeds the host here, and only where a pipeline reads files (workloads/common/
+# host_tf.py): TensorFlow, if it loads, is kept off any GPU so JAX has all their memory.
+host_tf.keep_off_accelerators()
 
 # XLA's backend optimisation level 0 (LLVM's passes skipped, the HLO and its cost analysis as
 # they are): for programs that run once or never (initial_state, describe's compile_steps).

@@ -21,7 +21,7 @@ Where this differs from the reference (torchvision on PIL images):
 import functools
 import math
 
-import tensorflow as tf
+from workloads.common.host_tf import tf
 
 MEAN = (0.485, 0.456, 0.406)         # torchvision's ImageNet statistics on [0,1] pixels
 STD = (0.229, 0.224, 0.225)

@@ -23,8 +23,7 @@ cfg.data.eval_examples (4,952, spec.COCO_EVAL_EXAMPLES), the same count on every
 import os
 
 import numpy as np
-import tensorflow as tf
-import tensorflow_datasets as tfds
+from workloads.common.host_tf import tf, tfds
 
 from workloads.common import coco, mini_cache, records
 from workloads.common.batching import eval_batches_per_host, host_batch_size, pad_and_batch

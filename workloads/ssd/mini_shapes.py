@@ -18,7 +18,7 @@ import dataclasses
 import os
 
 import numpy as np
-import tensorflow as tf
+from workloads.common.host_tf import tf
 
 from workloads.common import mini_cache
 
@@ -121,7 +121,7 @@ def load(folder, split) -> dict:
     return dict(f)
 
 
-def dataset(arrays) -> tf.data.Dataset:
+def dataset(arrays) -> "tf.data.Dataset":
   """The set as tfds coco/2017 elements (decoded image), in image_id order."""
   slots = arrays["label"].shape[1]
 

@@ -23,7 +23,7 @@ import dataclasses
 import os
 
 import numpy as np
-import tensorflow as tf
+from workloads.common.host_tf import tf
 
 from workloads.common import mini_cache, packing
 from workloads.common.batching import (host_batch_size, host_slice, padded_eval, sharded_records,

@@ -18,7 +18,7 @@ offline data_download.py).
 import os
 import shutil
 
-import tensorflow as tf
+from workloads.common.host_tf import tf
 
 from workloads.common import mini_cache
 from workloads.transformer import subwords

@@ -1,0 +1,46 @@
+"""A JAX run needs no TensorFlow where no tf.data pipeline reads files (issue 53: an accelerator
+image has JAX, flax and optax but no TensorFlow). In a process where importing tensorflow,
+keras or tensorflow_datasets fails: every registered workload's JAX trainer module and input
+pipeline import, and make a synthetic batch of the real layout in numpy; a synthetic run goes
+through the driver to its result row. The pipelines reach TensorFlow through
+workloads/common/host_tf.py, which imports it only when a pipeline reads files."""
+import subprocess
+import sys
+import textwrap
+
+from tests.conftest import ROOT, clean_env
+
+SCRIPT = textwrap.dedent("""
+    import importlib, sys
+    for name in ("tensorflow", "keras", "tensorflow_datasets"):
+      sys.modules[name] = None          # importing them raises ImportError
+    from harness import cli, registry
+    for name in registry.names():
+      spec = registry.get(name)
+      importlib.import_module(spec.trainer_modules["jax"])
+      cfg = spec.configure("tiny", ["data.source=synthetic"] +
+                           (["model.vocab_size=40"] if name == "transformer" else []))
+      batch = spec.input_pipeline.synthetic_batch(cfg, 4, 0)
+      layout = spec.batch_layout(cfg, 4, False)
+      assert set(batch) == set(layout), (name, set(batch), set(layout))
+      for key, (shape, dtype, _) in layout.items():
+        assert tuple(batch[key].shape) == tuple(shape), (name, key, batch[key].shape, shape)
+      print("imported", name)
+    code = cli.main(["run", "dlrm", "--preset", "tiny", "--set", "data.source=synthetic",
+                     "--set", "train.synthetic_steps=2", "--results", sys.argv[1],
+                     "--log-dir", sys.argv[2]])
+    assert all(sys.modules.get(n) is None for n in ("tensorflow", "keras")), "TF was imported"
+    sys.exit(code)
+""")
+
+
+def test_jax_synthetic_runs_import_no_tensorflow(tmp_path):
+  proc = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path / "r.csv"),
+                         str(tmp_path / "logs")], cwd=ROOT, env=clean_env(),
+                        capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+  from harness import registry
+  assert proc.stdout.count("imported ") == len(registry.names())
+  import pandas as pd
+  row = pd.read_csv(tmp_path / "r.csv").iloc[0]
+  assert row["status"] == "success" and row["framework"] == "jax"
