@@ -21,7 +21,6 @@ import uuid
 
 from harness import cadence, errors, faults, results
 from harness import config as config_lib
-from harness.tensorboard import ScalarWriter
 from harness.workload import is_synthetic
 from harness.mllog import RunLog, constants as C
 
@@ -122,8 +121,10 @@ class Run:
 
   def execute(self) -> results.ResultRow:
     log = RunLog(self.log_path if self.opts.primary else os.devnull, echo=self.opts.echo_log)
-    self.tb = (ScalarWriter(os.path.join(self.opts.tensorboard, self.run_id))
-               if self.opts.tensorboard and self.opts.primary else None)
+    self.tb = None
+    if self.opts.tensorboard and self.opts.primary:   # tensorboardX: only with --tensorboard
+      from harness.tensorboard import ScalarWriter
+      self.tb = ScalarWriter(os.path.join(self.opts.tensorboard, self.run_id))
     try:
       return self._execute(log)
     finally:

@@ -3,8 +3,6 @@ model): one prediction's breakdown, or the backtest table over MLPerf result fol
 import json
 import math
 
-from harness import predict
-from harness.commsim import command as simulate_command
 from harness.commsim import machine as machine_lib
 from harness.errors import UsageError
 
@@ -47,8 +45,11 @@ def add_parser(sub):
   g.add_argument("--nics-per-node", type=int, metavar="K")
 
 
-def _target(args, measured) -> predict.Target:
-  """The target system from --system, or --chips with --machine (or link figures)."""
+def _target(args, measured):
+  """The target system (predict.Target) from --system, or --chips with --machine (or link
+  figures)."""
+  from harness import predict
+  from harness.commsim import command as simulate_command
   if args.system and args.chips:
     raise UsageError("--system and --chips both given; allowed: one of them")
   links = any(getattr(args, f) is not None for f in LINK_FLAGS)
@@ -87,6 +88,7 @@ def _target(args, measured) -> predict.Target:
 
 
 def run(args) -> int:
+  from harness import predict    # pandas and the summarizer: not needed to build the parser
   if args.backtest:
     rows = predict.backtest(args.backtest)
     if args.json:
@@ -111,6 +113,7 @@ def run(args) -> int:
 
 
 def print_breakdown(out):
+  from harness import predict
   unit = "samples" if out["sample_unit"] != "epochs" else "samples"
   measured = (f"; its score {out['measured_minutes']:.3f} min"
               if out["measured_minutes"] else "")
@@ -135,6 +138,7 @@ def print_breakdown(out):
 
 def print_backtest(rows):
   import pandas as pd                            # pylint: disable=import-outside-toplevel
+  from harness import predict
   frame = pd.DataFrame(rows, columns=["family", "from", "to", "predicted_minutes",
                                       "measured_minutes", "error", "reason"])
   frame["error"] = frame["error"].map(lambda e: "" if e is None or e != e else f"{e:+.1%}")

@@ -10,7 +10,6 @@ import fcntl
 import io
 import os
 
-import pandas as pd
 
 from harness.errors import UsageError
 
@@ -95,6 +94,7 @@ def upgrade_header(path: str) -> list[str]:
     header = _read_header(path)
     if header is None or header == COLUMNS or set(COLUMNS) <= set(header):
       return []
+    import pandas as pd       # only to upgrade an older CSV: a run into a new one needs none
     frame = pd.read_csv(path, dtype=str, keep_default_na=False)
     added = [c for c in COLUMNS if c not in frame.columns]
     for column in added:
@@ -153,8 +153,9 @@ def save_row(path: str, row: ResultRow, log_path: str) -> tuple[bool, str]:
     return False, f"{reason}, nor to {recovery}; the row: {line}"
 
 
-def read_csv(path: str) -> pd.DataFrame:
+def read_csv(path: str) -> "pd.DataFrame":
   """Reads a result CSV of ours; UsageError naming the file if it cannot be read."""
+  import pandas as pd
   try:
     frame = pd.read_csv(path)
   except FileNotFoundError:

@@ -1,9 +1,11 @@
 """A JAX run needs no TensorFlow where no tf.data pipeline reads files (issue 53: an accelerator
 image has JAX, flax and optax but no TensorFlow). In a process where importing tensorflow,
-keras or tensorflow_datasets fails: every registered workload's JAX trainer module and input
-pipeline import, and make a synthetic batch of the real layout in numpy; a synthetic run goes
-through the driver to its result row. The pipelines reach TensorFlow through
-workloads/common/host_tf.py, which imports it only when a pipeline reads files."""
+keras, tensorflow_datasets, pandas, tensorboardX, matplotlib or scikit-learn fails: every
+registered workload's JAX trainer module and input pipeline import, and make a synthetic batch
+of the real layout in numpy; a synthetic run goes through the driver to its result row, with
+mlperf-logging and PyYAML from the folder bench/gpu_deps.sh installs for such an image. The
+pipelines reach TensorFlow through workloads/common/host_tf.py, which imports it only when a
+pipeline reads files."""
 import subprocess
 import sys
 import textwrap
@@ -12,7 +14,8 @@ from tests.conftest import ROOT, clean_env
 
 SCRIPT = textwrap.dedent("""
     import importlib, sys
-    for name in ("tensorflow", "keras", "tensorflow_datasets"):
+    for name in ("tensorflow", "keras", "tensorflow_datasets", "pandas", "tensorboardX",
+                 "matplotlib", "sklearn"):
       sys.modules[name] = None          # importing them raises ImportError
     from harness import cli, registry
     for name in registry.names():
@@ -30,15 +33,25 @@ SCRIPT = textwrap.dedent("""
                      "--set", "train.synthetic_steps=2", "--results", sys.argv[1],
                      "--log-dir", sys.argv[2]])
     assert all(sys.modules.get(n) is None for n in ("tensorflow", "keras")), "TF was imported"
+    import mlperf_logging, yaml
+    print("from", mlperf_logging.__file__, yaml.__file__)
     sys.exit(code)
 """)
 
 
 def test_jax_synthetic_runs_import_no_tensorflow(tmp_path):
+  version = "%d.%d" % sys.version_info[:2]
+  deps = subprocess.run(["bash", "bench/gpu_deps.sh", version], cwd=ROOT, capture_output=True,
+                        text=True, timeout=300, env=dict(clean_env(), GPU_DEPS_DIR=str(tmp_path)))
+  assert deps.returncode == 0, deps.stdout + deps.stderr[-2000:]
+  folder = tmp_path / ("cp" + version.replace(".", ""))
+  env = dict(clean_env(), PYTHONPATH=f"{folder}:{ROOT}")
   proc = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path / "r.csv"),
-                         str(tmp_path / "logs")], cwd=ROOT, env=clean_env(),
+                         str(tmp_path / "logs")], cwd=ROOT, env=env,
                         capture_output=True, text=True, timeout=600)
   assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+  used = proc.stdout.split("from ", 1)[1].split()
+  assert all(path.startswith(str(folder)) for path in used), used   # the script's folder
   from harness import registry
   assert proc.stdout.count("imported ") == len(registry.names())
   import pandas as pd
