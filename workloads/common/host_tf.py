@@ -36,8 +36,8 @@ class _LazyModule(types.ModuleType):
     if attr.startswith("__"):
       raise AttributeError(attr)
     module = importlib.import_module(self.__name__)
-    if self.__name__ == "tensorflow" and _JAX_HOST and not getattr(self, "_hidden", False):
-      object.__setattr__(self, "_hidden", True)
+    if self.__name__ == "tensorflow" and _JAX_HOST and not self.__dict__.get("hidden"):
+      self.__dict__["hidden"] = True       # (an attribute lookup here would recurse)
       _hide_accelerators(module)
     return getattr(module, attr)
 
