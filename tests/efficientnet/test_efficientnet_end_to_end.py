@@ -1,4 +1,4 @@
-"""The mini EfficientNet run end to end, through the command line, in both frameworks: the
+"""The mini EfficientNet run end to end, through the command line (JAX; TF: see below): the
 target is reached (eval on the moving-average weights), the result row says success, and the
 log carries the recipe's keys and passes the official checker with the project's rule file;
 the large-batch (LARS) recipe's log too."""
@@ -15,7 +15,9 @@ def _log_events(path):
     return [json.loads(line[len(":::MLLOG "):]) for line in f if line.startswith(":::MLLOG ")]
 
 
-@pytest.mark.parametrize("framework", ["jax", "tf"])
+# JAX only: TF's EfficientNet (RMSProp, the EMA eval) is the parity test's and the contract
+# test's through the same trainer, its mini convergence the committed baseline's 5 runs (42 CPU s)
+@pytest.mark.parametrize("framework", ["jax"])
 def test_mini_efficientnet_reaches_target_and_log_passes_the_checker(cli, tmp_path, framework):
   results_csv = tmp_path / "results.csv"
   proc = cli("run", "efficientnet", "--framework", framework, "--seed", "0", "--results",

@@ -72,7 +72,8 @@ def test_an_aborted_run_still_ends_in_a_row_and_a_valid_log(cli, tmp_path):
 
 def test_a_nonfinite_loss_aborts(cli, tmp_path):
   results_csv = tmp_path / "results.csv"
-  proc = cli("run", "resnet50", "--seed", "1", "--set", "optimizer.base_learning_rate=1e30",
+  proc = cli("run", "resnet50", "--preset", "tiny", "--seed", "1",
+             "--set", "optimizer.base_learning_rate=1e30",
              "--set", "optimizer.name=sgd", "--results", str(results_csv),
              "--log-dir", str(tmp_path / "logs"))
   assert proc.returncode == 1
