@@ -177,3 +177,19 @@ def test_auc_equals_scikit_learn_with_ties_and_masked_padding_across_batches():
         "mask": np.concatenate([np.ones(n), np.zeros(pad)])})
   result = evaluator.finalize(acc)
   assert result["count"] == 5000 and abs(result["auc"] - want) < 1e-9
+
+
+@pytest.mark.parametrize("model", [1, 3])
+def test_the_slab_initialiser_bounds_every_row_by_its_table(model):
+  """The JAX initialiser's per-row bound (expanded on the device from the blocks) is
+  row_bounds: sqrt(1 / rows) of each row's table, 0 on padding."""
+  import jax
+  from workloads.dlrm import jax_model
+  plan = embedding_plan.make_plan(ROWS, model, row_wise_min_rows=12)
+  emb = jax_model.Embedding(plan, HOT, 4)
+  ids = np.zeros((1, sum(HOT)), np.int32)
+  slab = np.asarray(emb.init(jax.random.key(0), ids)["params"]["slab"])
+  bound = plan.row_bounds()
+  assert np.all(np.abs(slab) <= bound[:, None] + 1e-7)
+  assert np.all((slab == 0).all(axis=1) == (bound == 0))
+  assert np.all(np.abs(slab).max(axis=1)[bound > 0] > 0.2 * bound[bound > 0])

@@ -72,6 +72,13 @@ class Plan:
         bound[start:start + rows] = math.sqrt(1.0 / t.rows)
     return bound
 
+  def block_bounds(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(starts, ends, bound) of every table block of the slab, by start: row_bounds in a form
+    an initialiser can expand on the device (the reference's slab has 204M rows)."""
+    blocks = sorted((start, start + rows, math.sqrt(1.0 / t.rows))
+                    for t in self.tables for rows, start in self._blocks(t))
+    return tuple(np.array(column) for column in zip(*blocks))
+
   def _blocks(self, t: Table):
     """(rows, slab start) of each block of table t."""
     if t.kind == TABLE_WISE:

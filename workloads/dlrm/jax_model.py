@@ -72,11 +72,15 @@ class Embedding(nn.Module):
   dtype: jnp.dtype = jnp.float32
 
   def setup(self):
-    bounds = self.plan.row_bounds()
+    starts, ends, bounds = self.plan.block_bounds()
 
     def init(key, shape, dtype=jnp.float32):
-      return (jax.random.uniform(key, shape, dtype, -1.0, 1.0) *
-              jnp.asarray(bounds, dtype)[:, None])
+      # each row's bound from its block, computed on the device: no host array of the
+      # slab's rows (204M in the reference), and nothing at all when only shapes are traced
+      row = jnp.arange(shape[0])
+      block = jnp.clip(jnp.searchsorted(jnp.asarray(starts), row, side="right") - 1, 0)
+      bound = jnp.where(row < jnp.asarray(ends)[block], jnp.asarray(bounds, dtype)[block], 0)
+      return jax.random.uniform(key, shape, dtype, -1.0, 1.0) * bound[:, None]
     self.slab = self.param("slab", init, (self.plan.slab_rows, self.dim))
 
   def __call__(self, ids):
