@@ -20,19 +20,20 @@ update, small next to the model), and EfficientNet's weight EMA is left out.
 Reported per workload: the per-device batch, step time, samples/s (transformer: packed rows of
 256 tokens), model FLOPs per step from XLA's cost analysis of the lowered step or else the
 jaxpr's count (per sample in the table; `step_flops`), the TFLOP/s they make and MFU against
-the device's dense bf16 peak (H100/H200 989e12, H100 PCIe 756e12, A100 312e12; otherwise n/a),
+the device's dense bf16 peak (harness/devices.py's table: H100/H200 989e12, H100 PCIe 756e12,
+A100 312e12; otherwise n/a),
 under --dtype float32 too (XLA's GPU matmuls then run in TF32). A workload that fails (e.g. out
 of memory: lower its --batch) prints one line and is left out of the table; the exit status is
 then 1.
 
-It runs outside the harness (no driver, trainer or input pipeline) because the GPU image has
-JAX, flax, optax and numpy but no TensorFlow, which the trainers and input pipelines import; it
-imports only TensorFlow-free modules: workloads.<w>.jax_model (model and loss), .spec, and
-workloads.common.jax_top1 and transformer.mini_corpus (the synthetic packed rows).
+It runs outside the harness (no driver, trainer, recipe optimizer or input pipeline): it is the
+bare-step peer bench/gpu_harness.py measures the harness's own synthetic run against. It imports
+workloads.<w>.jax_model (model and loss), .spec, workloads.common.jax_top1 and
+transformer.mini_corpus (the synthetic packed rows); no TensorFlow.
 
   python bench/gpu_models.py [--workloads bert,efficientnet,resnet50,ssd,transformer]
       [--steps 20] [--batch resnet50=256,bert=32] [--dtype bfloat16|float32]
-      [--out bench_gpu.csv]
+      [--out bench_gpu.csv] [--preset reference] [--set KEY=VALUE ...]
 """
 import argparse
 import csv
@@ -51,7 +52,7 @@ import jax  # noqa: E402  pylint: disable=wrong-import-position
 import jax.numpy as jnp  # noqa: E402  pylint: disable=wrong-import-position
 import optax  # noqa: E402  pylint: disable=wrong-import-position
 
-from harness import registry  # noqa: E402  pylint: disable=wrong-import-position
+from harness import devices, registry  # noqa: E402  pylint: disable=wrong-import-position
 
 # Per-device batches that fit an 80 GB GPU in bf16 without rematerialisation.
 DEFAULT_BATCH = {"resnet50": 256, "bert": 32, "transformer": 64, "ssd": 64, "efficientnet": 128}
@@ -59,22 +60,13 @@ WARMUP_STEPS = 2
 # XLA's backend optimisation level 0 for the one-off parameter initialisation (as
 # jax_trainer_base.initial_state): the same values, a much shorter compile on CPU.
 LEVEL_0 = {"xla_backend_optimization_level": 0}
+# (preset, --set overrides) the builders configure their workload with: the reference shapes,
+# or (--preset, --set) a smaller model for a check on a CPU (tests/bench/test_gpu_harness.py).
+SHAPES = ["reference", []]
 COLUMNS = ("workload", "batch", "step_ms", "samples_per_s", "gflop_per_sample", "tflops", "mfu")
 
 
 # ----------------------------------------------------------------------------- device
-
-def peak_flops(device_kind: str):
-  """Dense bf16 peak FLOP/s of one chip from its device_kind, or None when unknown."""
-  kind = device_kind.upper()
-  if "H100" in kind and "PCIE" in kind:
-    return 756e12
-  if "H100" in kind or "H200" in kind or "GH200" in kind:
-    return 989e12
-  if "A100" in kind:
-    return 312e12
-  return None
-
 
 def flops_of(analysis):
   """The 'flops' of a cost_analysis() answer (a dict, or a list of dicts per program)."""
@@ -161,14 +153,14 @@ def _classifier(spec, cfg, model, batch, rng, shapes, dropout):
 
 def build_resnet50(batch, dtype, rng):
   from workloads.resnet import jax_model, spec
-  cfg = spec.SPEC.configure("reference", [])
+  cfg = spec.SPEC.configure(*SHAPES)
   model = jax_model.build(cfg, dtype)
   return _classifier(spec, cfg, model, batch, rng, "", dropout=False)
 
 
 def build_bert(batch, dtype, rng):
   from workloads.bert import jax_model, spec
-  cfg = spec.SPEC.configure("reference", [])
+  cfg = spec.SPEC.configure(*SHAPES)
   model = jax_model.build(cfg, dtype)
   seq, preds = cfg.data.max_seq_length, cfg.data.max_predictions_per_seq
   vocab = cfg.model.vocab_size
@@ -199,7 +191,7 @@ def build_bert(batch, dtype, rng):
 
 def build_transformer(batch, dtype, rng):
   from workloads.transformer import jax_model, mini_corpus, spec
-  cfg = spec.SPEC.configure("reference", [])
+  cfg = spec.SPEC.configure(*SHAPES)
   model = jax_model.build(cfg, dtype)
   length, smoothing = cfg.data.max_length, cfg.optimizer.label_smoothing
 
@@ -228,7 +220,7 @@ def build_transformer(batch, dtype, rng):
 
 def build_ssd(batch, dtype, rng):
   from workloads.ssd import jax_model, spec
-  cfg = spec.SPEC.configure("reference", [])
+  cfg = spec.SPEC.configure(*SHAPES)
   model = jax_model.build(cfg, dtype)
   size, anchors, classes = cfg.data.image_size, spec.num_anchors(cfg), cfg.model.num_classes
 
@@ -252,7 +244,7 @@ def build_ssd(batch, dtype, rng):
 
 def build_efficientnet(batch, dtype, rng):
   from workloads.efficientnet import jax_model, spec
-  cfg = spec.SPEC.configure("reference", [])
+  cfg = spec.SPEC.configure(*SHAPES)
   model = jax_model.build(cfg, dtype)
   return _classifier(spec, cfg, model, batch, rng, f"{cfg.model.variant}: ", dropout=True)
 
@@ -339,7 +331,7 @@ def bench(name, batch, dtype, steps, seed=0):
   elapsed = time.perf_counter() - start
 
   step_s = elapsed / steps
-  peak = peak_flops(jax.devices()[0].device_kind)
+  peak = devices.peak_flops(jax.devices()[0].device_kind)
   achieved = flops / step_s if flops else None
   mem = memory_gb(compiled)
   print(f"  {name}: {w['shapes']}; {n_params / 1e6:.1f}M params; build+init "
@@ -407,7 +399,13 @@ def main(argv=None):
   parser.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16",
                       help="compute dtype (parameters stay float32)")
   parser.add_argument("--out", default="bench_gpu.csv", help="CSV of the table")
+  parser.add_argument("--preset", default="reference",
+                      help="the workloads' preset whose model shapes are stepped (default "
+                           "reference; tiny for a quick check on a CPU)")
+  parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                      help="config overrides, as run_benchmark.py's --set")
   args = parser.parse_args(argv)
+  SHAPES[:] = [args.preset, args.set]
   names = [n.strip() for n in args.workloads.split(",") if n.strip()]
   unknown = [n for n in names if n not in WORKLOADS]
   if unknown or not names:
@@ -421,7 +419,7 @@ def main(argv=None):
   dtype = jnp.bfloat16 if args.dtype == "bfloat16" else jnp.float32
 
   device = jax.devices()[0]
-  peak = peak_flops(device.device_kind)
+  peak = devices.peak_flops(device.device_kind)
   print(f"jax {jax.__version__} on {jax.default_backend()}: {device.device_kind} "
         f"({jax.device_count()} device(s), using 1); compute {args.dtype}; peak "
         f"{'unknown (MFU n/a)' if peak is None else f'{peak / 1e12:.0f} TFLOP/s dense bf16'}; "

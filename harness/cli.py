@@ -394,6 +394,8 @@ def cmd_describe(args):
   if info.model_flops_per_example is not None:     # TF: 3 x forward matmuls and convs
     print(f"model FLOPs per example:  {info.model_flops_per_example:.4g} "
           "(3 x the forward matmuls and convs)")
+  print("device peak:              " + _peak_line(trainer, cfg.train.precision,
+                                                info.model_flops_per_example or flops))
   print(f"global batch size:        {gbs}")
   print(f"{args.cluster.line().replace('cluster: ', 'cluster:                  ', 1)}")
   print(f"optimizer:                {opt.summary()}")
@@ -414,6 +416,21 @@ def cmd_describe(args):
   print(f"mesh:                     {trainer.mesh_description}")
   _print_layout(info, small.train.global_batch_size)
   return 0
+
+
+def _peak_line(trainer, precision, flops_per_example) -> str:
+  """The devices' peak (harness/devices.py) and the samples/s that would be 100% MFU: a run's
+  MFU is its samples/s over that figure."""
+  peak = devices.peak_flops(trainer.device_kind, precision)
+  if peak is None:
+    return (f"not in the table for {trainer.device_kind!r} at {precision} (a run's MFU is "
+            "left blank)")
+  line = (f"{peak / 1e12:g} TFLOP/s {precision} ({trainer.device_kind}) x "
+          f"{trainer.num_devices} device(s)")
+  if flops_per_example:
+    line += (f"; 100% MFU = "
+             f"{peak * trainer.num_devices / flops_per_example:,.0f} samples/s")
+  return line
 
 
 def _print_layout(info, batch):

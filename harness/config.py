@@ -32,7 +32,8 @@ class TrainConfig:
   eval_at_epochs: tuple[float, ...] = ()   # eval at exactly these epochs (MLPerf SSD)
   target: float = 0.0                 # quality target in the workload metric's own units (set)
   precision: str = "float32"          # float32 | bfloat16 (mixed: bf16 compute, f32 params)
-  synthetic_steps: int = 100          # steps of a synthetic (throughput-only) run
+  synthetic_steps: int = 100          # timed steps of a synthetic (throughput-only) run, after
+                                      # driver.SYNTHETIC_WARMUP_STEPS untimed ones
   steps_per_loop: int = 0             # >0: a progress line every N steps; 0: per epoch in multi-epoch blocks
   jit_compile: bool = True            # TF: XLA-compile the steps (JAX always compiles)
   # Sample-based cadence (MLPerf BERT): when eval_every_samples > 0 the driver evaluates every

@@ -19,18 +19,14 @@ import time
 import traceback
 import uuid
 
-from harness import cadence, errors, faults, results
+from harness import cadence, devices, errors, faults, results
 from harness import config as config_lib
 from harness.workload import is_synthetic
 from harness.mllog import RunLog, constants as C
 
-# Dense peak FLOP/s per device for MFU, by device_kind substring and precision.
-PEAK_FLOPS = {
-    ("H100", "bfloat16"): 989e12, ("H100", "float32"): 67e12,
-    ("H200", "bfloat16"): 989e12, ("H200", "float32"): 67e12,
-    ("A100", "bfloat16"): 312e12, ("A100", "float32"): 19.5e12,
-    ("TPU v4", "bfloat16"): 275e12, ("TPU v5", "bfloat16"): 459e12,
-}
+
+
+SYNTHETIC_WARMUP_STEPS = 2        # a synthetic run's untimed steps before its timed ones
 
 
 @dataclasses.dataclass
@@ -76,13 +72,6 @@ def _versions():
     except metadata.PackageNotFoundError:
       pass
   return ";".join(parts)
-
-
-def _mfu(flops_per_example, throughput, device_kind, num_devices, precision):
-  for (kind, prec), peak in PEAK_FLOPS.items():
-    if kind in device_kind and prec == precision and flops_per_example and throughput:
-      return flops_per_example * throughput / (peak * num_devices)
-  return None
 
 
 def division(spec, preset: str, cfg) -> str:
@@ -278,15 +267,19 @@ class Run:
         row=dataclasses.asdict(self._row(self.state))))
 
   def _synthetic(self, log, steps, row):
+    """`steps` timed steps after SYNTHETIC_WARMUP_STEPS untimed ones (the batch's first
+    transfer, the first dispatches): samples/s of the steady state, comparable with a bare
+    step's (bench/gpu_harness.py)."""
     log.start(C.BLOCK_START, first_epoch_num=0, epoch_count=1)
-    start = time.time()
     with self._interruptible():
+      self.trainer.train(SYNTHETIC_WARMUP_STEPS)      # returns after a host sync
+      start = time.time()
       metrics = self.trainer.train(steps)
     elapsed = time.time() - start
-    row["steps"] = steps
+    row["steps"] = steps + SYNTHETIC_WARMUP_STEPS
     log.end(C.BLOCK_STOP, first_epoch_num=0, epoch_count=1)
     row["throughput"] = steps * self.cfg.train.global_batch_size / elapsed
-    row["samples"] = steps * self.cfg.train.global_batch_size
+    row["samples"] = row["steps"] * self.cfg.train.global_batch_size
     if not math.isfinite(metrics["loss"]):
       row["abort_reason"] = f"non-finite loss {metrics['loss']}"
       return
@@ -397,8 +390,8 @@ class Run:
         global_batch_size=cfg.train.global_batch_size, num_devices=trainer.num_devices,
         device_kind=trainer.device_kind, mesh=trainer.mesh_description, seed=self.seed,
         throughput=r["throughput"],
-        mfu=_mfu(r["flops"], r["throughput"], trainer.device_kind, trainer.num_devices,
-                 cfg.train.precision),
+        mfu=devices.mfu(r["flops"], r["throughput"], trainer.device_kind, trainer.num_devices,
+                        cfg.train.precision),
         host=socket.gethostname(), git_commit=_git_commit(), versions=_versions(),
         log_path=self.log_path,
         epochs_completed=(None if synthetic or not r["steps"] else

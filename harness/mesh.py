@@ -57,6 +57,11 @@ RUNTIME_AXES = {"jax": ("data", "model", "stage", "expert", "spatial"),
 # most-communicating axis innermost, on the fastest links); data is outermost.
 MESH_ORDER = ("data", "stage", "expert", "model", "spatial")
 
+# What each repeated block of a JAX model keeps for its backward pass (parallel.remat_policy;
+# workloads/parallel/jax_layers.py applies them): '' everything (no recomputation), 'full'
+# only the block's input, 'matmuls' the matmul and convolution outputs.
+REMAT_POLICIES = ("", "full", "matmuls")
+
 
 @dataclasses.dataclass
 class ParallelConfig:
@@ -75,6 +80,8 @@ class ParallelConfig:
   heartbeat_timeout_s: int = 30       # a peer silent this long ends the run with an error
   microbatches: int = 1               # GPipe: micro-batches per data replica's batch
   remat: bool = False                 # GPipe: recompute each stage's forward in the backward
+  remat_policy: str = ""              # JAX: what each model block keeps for the backward pass
+                                      # (REMAT_POLICIES)
   stage_layers: str = ""              # GPipe: layers per stage ("5,4,4,3"); "": balanced
 
   def axes(self) -> dict[str, int]:
@@ -99,6 +106,9 @@ class ParallelConfig:
     in_range(self, "process_id", 0, self.num_processes - 1)
     in_range(self, "heartbeat_timeout_s", 1, None)
     in_range(self, "microbatches", 1, None)
+    if self.remat_policy not in REMAT_POLICIES:
+      raise UsageError(f"{key_of(self, 'remat_policy')}={self.remat_policy!r} is not a remat "
+                       f"policy; allowed: {', '.join(repr(p) for p in REMAT_POLICIES)}")
     data = self.axes()["data"]
     if data and self.bn_group_size and data % self.bn_group_size:
       raise UsageError(f"--bn-group-size {self.bn_group_size} does not divide the data axis "
@@ -275,6 +285,9 @@ def check_fits(parallel: ParallelConfig, *, framework: str, workload: str,
     raise UsageError(f"--mesh model={axes['model']} in TF: its runtime splits weights on one "
                      "host, without spatial partitioning; allowed: those in JAX, or "
                      "data=D,model=M on one TF host")
+  if framework == "tf" and parallel.remat_policy:
+    raise UsageError(f"parallel.remat_policy={parallel.remat_policy!r} in TF: block "
+                     "rematerialisation is JAX's (jax.checkpoint policies); allowed: '' in TF")
   if axes["spatial"] > 1 and parallel.bn_group_size and parallel.bn_group_size != data:
     raise UsageError("--bn-group-size with --spatial-partitions > 1: grouped batch norm runs "
                      "only without spatial partitioning; allowed: --bn-group-size 0 (all)")

@@ -20,6 +20,8 @@ import jax
 import jax.numpy as jnp
 
 from workloads.bert import spec
+from workloads.parallel import jax_attention
+from workloads.parallel.jax_layers import remat_block
 from workloads.parallel.jax_runtime import constrain
 
 LAYER_NORM_EPSILON = 1e-12
@@ -49,7 +51,7 @@ class TransformerLayer(nn.Module):
   dtype: Any = jnp.float32
 
   @nn.compact
-  def __call__(self, x, attention_adder, deterministic):
+  def __call__(self, x, attention_mask, deterministic):
     dense = functools.partial(nn.Dense, dtype=self.dtype, kernel_init=weight_init(self.init_std))
     norm = functools.partial(nn.LayerNorm, epsilon=LAYER_NORM_EPSILON, dtype=self.dtype)
     drop = functools.partial(nn.Dropout, rate=self.dropout, deterministic=deterministic)
@@ -60,10 +62,17 @@ class TransformerLayer(nn.Module):
     q = split(dense(self.hidden_size, name="query")(x))
     k = split(dense(self.hidden_size, name="key")(x))
     v = split(dense(self.hidden_size, name="value")(x))
-    scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / jnp.sqrt(head_dim).astype(self.dtype)
-    scores = scores.astype(accumulation_dtype(self.dtype)) + attention_adder[:, None, None, :]
-    probs = drop()(jax.nn.softmax(scores, axis=-1)).astype(self.dtype)
-    context = jnp.einsum("bhqk,bkhd->bqhd", probs, v).reshape(batch, seq, self.hidden_size)
+
+    def portable(q, k, v, mask):     # the reference's order: scale the scores, add the adder
+      scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / jnp.sqrt(head_dim).astype(self.dtype)
+      acc = accumulation_dtype(self.dtype)
+      scores = scores.astype(acc) + jax_attention.mask_adder(mask, MASK_ADDER, acc)
+      probs = drop()(jax.nn.softmax(scores, axis=-1)).astype(self.dtype)
+      return jnp.einsum("bhqk,bkhd->bqhd", probs, v)
+
+    context = jax_attention.attend(q, k, v, attention_mask, portable, scale=head_dim ** -0.5,
+                                   dropout_active=not deterministic and self.dropout > 0)
+    context = context.reshape(batch, seq, self.hidden_size)
     embed = ("batch", "length", "embed")
     attended = drop()(constrain(dense(self.hidden_size, name="attention_output")(context), embed))
     x = norm(name="attention_LayerNorm")(attended + x)
@@ -78,6 +87,7 @@ class BertPretraining(nn.Module):
   sizes are the config's (spec.ModelConfig, bert_config.json's fields), as the Keras model's."""
   config: spec.ModelConfig = dataclasses.field(default_factory=spec.ModelConfig)
   dtype: Any = jnp.float32          # compute dtype; parameters stay float32
+  remat_policy: str = ""            # parallel.remat_policy, per encoder layer (jax_layers)
 
   @nn.compact
   def __call__(self, input_ids, input_mask, segment_ids, masked_lm_positions, train=False):
@@ -95,11 +105,11 @@ class BertPretraining(nn.Module):
     x = norm(name="embeddings_LayerNorm")(x)
     x = nn.Dropout(c.dropout, deterministic=deterministic)(x).astype(self.dtype)
     acc = accumulation_dtype(self.dtype)
-    adder = (1.0 - input_mask.astype(acc)) * MASK_ADDER
+    attention_mask = (input_mask != 0)[:, None, None, :]      # [B, 1, 1, L]: the real keys
     for i in range(c.num_layers):
-      x = TransformerLayer(c.hidden_size, c.num_heads, c.intermediate_size,
+      x = remat_block(TransformerLayer, self.remat_policy, (3,))(c.hidden_size, c.num_heads, c.intermediate_size,
                            c.dropout, c.initializer_range, self.dtype,
-                           name=f"layer_{i}")(x, adder, deterministic)
+                           name=f"layer_{i}")(x, attention_mask, deterministic)
     pooled = jnp.tanh(dense(c.hidden_size, name="pooler")(x[:, 0]))
     nsp_logits = dense(2, name="nsp")(pooled)
     # Masked LM: only the masked positions go through the head (as the reference gathers).
@@ -113,7 +123,7 @@ class BertPretraining(nn.Module):
 
 def build(cfg, dtype=jnp.float32) -> BertPretraining:
   """The model of the workload config `cfg` (cfg.model), computing in `dtype`."""
-  return BertPretraining(config=cfg.model, dtype=dtype)
+  return BertPretraining(config=cfg.model, dtype=dtype, remat_policy=cfg.parallel.remat_policy)
 
 
 def pretraining_loss(mlm_logits, nsp_logits, batch):

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from workloads.dlrm import embedding_plan
+from workloads.parallel.jax_layers import remat_block
 from workloads.parallel.jax_runtime import constrain
 
 
@@ -98,6 +99,7 @@ class Dlrm(nn.Module):
   cfg: object                 # spec.ModelConfig
   plan: embedding_plan.Plan
   dtype: jnp.dtype = jnp.float32
+  remat_policy: str = ""      # parallel.remat_policy, per cross layer (jax_layers)
 
   @nn.compact
   def __call__(self, dense_x, sparse_ids):
@@ -109,11 +111,12 @@ class Dlrm(nn.Module):
     x0 = x0.reshape(x0.shape[0], -1)
     x = x0
     for layer in range(m.dcn_num_layers):
-      x = LowRankCross(m.dcn_low_rank_dim, self.dtype, name=f"cross_{layer}")(x0, x)
+      x = remat_block(LowRankCross, self.remat_policy)(m.dcn_low_rank_dim, self.dtype,
+                                                       name=f"cross_{layer}")(x0, x)
     logits = Mlp(tuple(m.top_mlp), m.interaction_dim, False, self.dtype, name="top_mlp")(x)
     return logits[:, 0].astype(jnp.promote_types(self.dtype, jnp.float32))   # f32 under bf16
 
 
 def build(cfg, dtype, model_axis: int) -> Dlrm:
   from workloads.dlrm import spec
-  return Dlrm(cfg.model, spec.plan(cfg, model_axis), dtype)
+  return Dlrm(cfg.model, spec.plan(cfg, model_axis), dtype, cfg.parallel.remat_policy)

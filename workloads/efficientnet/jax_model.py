@@ -17,6 +17,7 @@ from jax import lax
 
 from workloads.common import conv_geometry
 from workloads.efficientnet import spec
+from workloads.parallel.jax_layers import remat_block
 
 # keras.applications' initialisers: VarianceScaling(2, fan_out, truncated normal) for convs,
 # (1/3, fan_out, uniform) for the classifier. A depthwise kernel is [k, k, C, 1] in Keras (fan
@@ -99,6 +100,7 @@ class EfficientNet(nn.Module):
   bn_momentum: float = spec.BN_MOMENTUM
   dtype: Any = jnp.float32          # compute dtype; parameters stay float32
   bn_axis_name: Any = None          # mesh axis whose devices pool batch statistics (shard_map)
+  remat_policy: str = ""            # parallel.remat_policy, per MBConv block (jax_layers)
 
   @nn.compact
   def __call__(self, x, train: bool = True):
@@ -113,7 +115,8 @@ class EfficientNet(nn.Module):
     x = nn.swish(norm(name="stem_bn")(x))
     for block in spec.blocks(self.width_coefficient, self.depth_coefficient,
                              self.drop_connect_rate):
-      x = MBConv(block, conv, norm, self.dtype, name=block.name)(x, train)
+      x = remat_block(MBConv, self.remat_policy, (2,))(block, conv, norm, self.dtype,
+                                                       name=block.name)(x, train)
     x = conv(filters(spec.TOP_FILTERS), (1, 1), name="top_conv")(x)
     x = nn.swish(norm(name="top_bn")(x))
     x = jnp.mean(x, axis=(1, 2))
@@ -127,4 +130,5 @@ def build(cfg, dtype=jnp.float32, bn_axis_name=None) -> EfficientNet:
   pools statistics over the mesh axis `bn_axis_name`."""
   m = cfg.model
   return EfficientNet(m.width_coefficient, m.depth_coefficient, m.dropout_rate, m.num_classes,
-                      m.drop_connect_rate, m.bn_momentum, dtype=dtype, bn_axis_name=bn_axis_name)
+                      m.drop_connect_rate, m.bn_momentum, dtype=dtype, bn_axis_name=bn_axis_name,
+                      remat_policy=cfg.parallel.remat_policy)

@@ -8,6 +8,15 @@ Here each example's mask comes from the module's key folded with the example's i
 global batch: the step's key and the module path (the layer) are flax's, the index is the
 one `examples(ids)` set around the apply (a pipeline stage sets its micro-batch's rows), or
 0..B-1 for a whole batch.
+
+remat_block: a model's repeated block (a ResNet bottleneck, an MBConv, a transformer layer)
+wrapped in flax's nn.remat under `parallel.remat_policy` (harness/mesh.py REMAT_POLICIES):
+'full' keeps only each block's input for the backward pass and recomputes the rest (the
+least memory: a batch that does not fit otherwise); 'matmuls' keeps the outputs of the
+matmuls and convolutions and recomputes what lies between them (normalisation, activations,
+dropout, residual adds), which on a bandwidth-bound convnet also saves the memory traffic of
+writing and reading those elementwise results. Without a policy the block is left as it is.
+Gradients are the same either way (tests/parallel/test_jax_remat.py).
 """
 import contextlib
 import contextvars
@@ -18,6 +27,23 @@ import jax
 import jax.numpy as jnp
 
 _EXAMPLES = contextvars.ContextVar("jax_layers_examples", default=None)
+
+_SAVED_BY_MATMULS = ("dot_general", "conv_general_dilated")
+REMAT_POLICIES = {
+    "full": jax.checkpoint_policies.nothing_saveable,
+    "matmuls": lambda prim, *_, **__: prim.name in _SAVED_BY_MATMULS,
+}
+
+
+def remat_block(block_cls, policy: str, static_argnums=()):
+  """`block_cls`, or with a policy (see above) it wrapped in nn.remat; `static_argnums` are
+  the positions (self = 0) of its call's Python arguments (train flags)."""
+  if not policy:
+    return block_cls
+  if policy not in REMAT_POLICIES:
+    raise ValueError(f"parallel.remat_policy={policy!r}; allowed: '', "
+                     + ", ".join(REMAT_POLICIES))
+  return nn.remat(block_cls, policy=REMAT_POLICIES[policy], static_argnums=static_argnums)
 
 
 @contextlib.contextmanager

@@ -11,6 +11,8 @@ from typing import Any, Sequence
 import flax.linen as nn
 import jax.numpy as jnp
 
+from workloads.parallel.jax_layers import remat_block
+
 # He-normal on fan-out for convs (as Keras' ResNet50 and the flax example); the MLPerf reference
 # initialises the classifier with N(0, 0.01).
 conv_init = nn.initializers.variance_scaling(2.0, "fan_out", "normal")
@@ -52,6 +54,7 @@ class ResNet(nn.Module):
   width: int = 64
   dtype: Any = jnp.float32          # compute dtype; parameters stay float32
   bn_axis_name: Any = None          # mesh axis whose devices pool batch statistics (shard_map)
+  remat_policy: str = ""            # parallel.remat_policy, per bottleneck block (jax_layers)
 
   def setup(self):
     conv = functools.partial(nn.Conv, use_bias=False, dtype=self.dtype, kernel_init=conv_init)
@@ -62,7 +65,7 @@ class ResNet(nn.Module):
     self.blocks = [(stage, block) for stage, count in enumerate(self.stage_sizes)
                    for block in range(count)]
     for i, (stage, block) in enumerate(self.blocks):
-      setattr(self, f"BottleneckBlock_{i}", BottleneckBlock(
+      setattr(self, f"BottleneckBlock_{i}", remat_block(BottleneckBlock, self.remat_policy, (2,))(
           self.width * 2**stage, 2 if stage > 0 and block == 0 else 1, conv=conv, norm=norm))
     self.classifier = nn.Dense(self.num_classes, dtype=self.dtype, kernel_init=dense_init)
 
@@ -98,4 +101,4 @@ def build(cfg, dtype=jnp.float32, bn_axis_name=None) -> ResNet:
   pools statistics over the mesh axis `bn_axis_name`."""
   m = cfg.model
   return ResNet(stage_sizes=m.stage_sizes, num_classes=m.num_classes, width=m.width, dtype=dtype,
-                bn_axis_name=bn_axis_name)
+                bn_axis_name=bn_axis_name, remat_policy=cfg.parallel.remat_policy)

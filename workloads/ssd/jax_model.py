@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from workloads.parallel.jax_layers import remat_block
 from workloads.ssd import spec
 
 backbone_init = nn.initializers.variance_scaling(2.0, "fan_out", "normal")   # not truncated
@@ -59,6 +60,7 @@ class SSD(nn.Module):
   feature_sizes: Sequence[int]      # rows of each map the heads read (spec.feature_maps)
   dtype: Any = jnp.float32          # compute dtype; parameters stay float32
   bn_axis_name: Any = None          # mesh axis whose devices pool batch statistics (shard_map)
+  remat_policy: str = ""            # parallel.remat_policy, per backbone block (jax_layers)
 
   @nn.compact
   def __call__(self, x, train: bool = True):
@@ -79,7 +81,8 @@ class SSD(nn.Module):
         # the last layer (ResNet-34's layer3) keeps stride 1: a 38x38 map at 300 px
         strides = 2 if b == 0 and 0 < i < layers - 1 else 1
         project = b == 0 and (strides != 1 or channels != filters)
-        x = BasicBlock(filters, strides, project, conv, norm, name=f"layer{i + 1}_{b}")(x)
+        x = remat_block(BasicBlock, self.remat_policy)(filters, strides, project, conv, norm,
+                                                       name=f"layer{i + 1}_{b}")(x)
         channels = filters
     maps = [x]
     for i, (middle, out, stride, pad) in enumerate(spec.extra_layers(m)):
@@ -115,7 +118,7 @@ def build(cfg, dtype=jnp.float32, bn_axis_name=None) -> SSD:
   """The model of the workload config `cfg` (cfg.model at cfg.data.image_size), computing in
   `dtype`; batch norm pools statistics over the mesh axis `bn_axis_name`."""
   return SSD(cfg.model, tuple(s for s, _ in spec.feature_maps(cfg)), dtype=dtype,
-             bn_axis_name=bn_axis_name)
+             bn_axis_name=bn_axis_name, remat_policy=cfg.parallel.remat_policy)
 
 
 # ----------------------------------------------------------------------------- the loss

@@ -7,7 +7,8 @@ model/transformer.py, attention_layer.py, ffn_layer.py, embedding_layer.py):
 - pre-LayerNorm residual blocks (x + dropout(f(LayerNorm(x)))) and a final LayerNorm on each
   stack, epsilon 1e-6;
 - attention without biases: queries scaled by kv^-0.5, padding / causal biases of -1e9,
-  dropout on the attention weights; kernels [hidden, heads, kv] and [heads, kv, hidden],
+  dropout on the attention weights (the masks are boolean here; jax_attention.py adds the
+  -1e9 on the reference's path and picks the backend's fused attention elsewhere); kernels [hidden, heads, kv] and [heads, kv, hidden],
   Glorot-uniform over the [hidden, hidden] matrix they are (flax's DenseGeneral initialises
   the flattened matrix);
 - ReLU feed-forward with biases and dropout after the ReLU.
@@ -30,7 +31,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from workloads.common import moe as moe_lib
-from workloads.parallel.jax_layers import ExampleDropout
+from workloads.parallel import jax_attention
+from workloads.parallel.jax_layers import ExampleDropout, remat_block
 from workloads.parallel.jax_moe import MoEFeedForward
 from workloads.parallel.jax_runtime import constrain
 from workloads.transformer import formulas
@@ -45,25 +47,24 @@ def accumulation_dtype(dtype):
   return jnp.promote_types(dtype, jnp.float32)
 
 
-def padding_bias(ids, dtype=jnp.float32):
-  """[B, 1, 1, L]: -1e9 on padding keys."""
-  return jnp.where(ids == PAD_ID, formulas.ATTENTION_MASK, 0.0).astype(dtype)[:, None, None, :]
+def padding_mask(ids):
+  """[B, 1, 1, L]: False on padding keys (the reference's -1e9 bias there)."""
+  return (ids != PAD_ID)[:, None, None, :]
 
 
-def causal_bias(length, dtype=jnp.float32):
-  """[1, 1, L, L]: -1e9 where a query would see a later position."""
-  allowed = np.tril(np.ones((length, length), bool))
-  return jnp.asarray(np.where(allowed, 0.0, formulas.ATTENTION_MASK), dtype)[None, None]
+def causal_mask(length):
+  """[1, 1, L, L]: False where a query would see a later position."""
+  return jnp.asarray(np.tril(np.ones((length, length), bool)))[None, None]
 
 
-def segment_bias(query_segments, key_segments, dtype=jnp.float32, causal=False):
-  """Packed rows (workloads/common/packing.py): [B, 1, Lq, Lk], -1e9 where query and key
+def segment_mask(query_segments, key_segments, causal=False):
+  """Packed rows (workloads/common/packing.py): [B, 1, Lq, Lk], False where query and key
   belong to different examples of the row, the key is padding (segment 0) or, causal, later."""
   allowed = ((query_segments[:, :, None] == key_segments[:, None, :])
              & (key_segments[:, None, :] != 0))
   if causal:
     allowed &= jnp.asarray(np.tril(np.ones((query_segments.shape[1],) * 2, bool)))[None]
-  return jnp.where(allowed, 0.0, formulas.ATTENTION_MASK).astype(dtype)[:, None]
+  return allowed[:, None]
 
 
 def shift_right(targets, segments=None):
@@ -93,17 +94,26 @@ class Attention(nn.Module):
   def keys_values(self, y):
     return constrain(self.key(y), HEADS), constrain(self.value(y), HEADS)
 
-  def attend(self, x, k, v, bias, train):
-    """x [B, Lq, H] against k, v [B, Lk, heads, kv]; bias broadcasts to [B, heads, Lq, Lk]."""
-    q = constrain(self.query(x), HEADS) * (self.hidden_size // self.num_heads) ** -0.5
-    logits = jnp.einsum("bqnh,bknh->bnqk", q, k).astype(accumulation_dtype(self.dtype)) + bias
-    weights = jax.nn.softmax(logits, axis=-1).astype(self.dtype)
-    weights = self.weights_dropout(weights, deterministic=not train)
-    return constrain(self.output(jnp.einsum("bnqk,bknh->bqnh", weights, v)), EMBED)
+  def attend(self, x, k, v, mask, train):
+    """x [B, Lq, H] against k, v [B, Lk, heads, kv]; mask broadcasts to [B, heads, Lq, Lk]."""
+    scale = (self.hidden_size // self.num_heads) ** -0.5
 
-  def __call__(self, x, y, bias, train):
+    def portable(q, k, v, mask):     # the reference's order: scale the queries, add the bias
+      acc = accumulation_dtype(self.dtype)
+      logits = jnp.einsum("bqnh,bknh->bnqk", q * scale, k).astype(acc)
+      logits += jax_attention.mask_adder(mask, formulas.ATTENTION_MASK, acc)
+      weights = jax.nn.softmax(logits, axis=-1).astype(self.dtype)
+      weights = self.weights_dropout(weights, deterministic=not train)
+      return jnp.einsum("bnqk,bknh->bqnh", weights, v)
+
+    q = constrain(self.query(x), HEADS)
+    context = jax_attention.attend(q, k, v, mask, portable, scale=scale,
+                                   dropout_active=train and self.dropout > 0)
+    return constrain(self.output(context), EMBED)
+
+  def __call__(self, x, y, mask, train):
     k, v = self.keys_values(y)
-    return self.attend(x, k, v, bias, train)
+    return self.attend(x, k, v, mask, train)
 
 
 class FeedForward(nn.Module):
@@ -201,10 +211,8 @@ class DecoderLayer(nn.Module):
     k, v = self.self_attention.keys_values(y)
     keys = jax.lax.dynamic_update_slice_in_dim(cache["k"], k.astype(cache["k"].dtype), i, 1)
     values = jax.lax.dynamic_update_slice_in_dim(cache["v"], v.astype(cache["v"].dtype), i, 1)
-    visible = jnp.arange(keys.shape[1]) <= i
-    bias = jnp.where(visible, 0.0, formulas.ATTENTION_MASK).astype(
-        accumulation_dtype(self.dtype))[None, None, None, :]
-    x = x + self.self_attention.attend(y, keys, values, bias, False)
+    visible = (jnp.arange(keys.shape[1]) <= i)[None, None, None, :]
+    x = x + self.self_attention.attend(y, keys, values, visible, False)
     x = self._rest(x, cache["encdec_k"], cache["encdec_v"], encoder_bias, False)
     return x, {**cache, "k": keys, "v": values}
 
@@ -212,10 +220,12 @@ class DecoderLayer(nn.Module):
 class Encoder(nn.Module):
   cfg: Any
   dtype: Any = jnp.float32
+  remat_policy: str = ""
 
   def setup(self):
+    layer = remat_block(EncoderLayer, self.remat_policy, (3,))
     for i in range(self.cfg.num_layers):
-      setattr(self, f"layer_{i}", EncoderLayer(self.cfg, self.dtype, i))
+      setattr(self, f"layer_{i}", layer(self.cfg, self.dtype, i))
     self.output_norm = _norm(self.dtype)
 
   def __call__(self, x, bias, train, real=None):
@@ -227,10 +237,12 @@ class Encoder(nn.Module):
 class Decoder(nn.Module):
   cfg: Any
   dtype: Any = jnp.float32
+  remat_policy: str = ""
 
   def setup(self):
+    layer = remat_block(DecoderLayer, self.remat_policy, (5,))
     for i in range(self.cfg.num_layers):
-      setattr(self, f"layer_{i}", DecoderLayer(self.cfg, self.dtype, i))
+      setattr(self, f"layer_{i}", layer(self.cfg, self.dtype, i))
     self.output_norm = _norm(self.dtype)
 
   def layers(self):
@@ -265,13 +277,14 @@ class Transformer(nn.Module):
   """__call__(inputs, targets) -> logits [B, L, V] (float32, or float64 under float64)."""
   cfg: Any                          # spec.ModelConfig
   dtype: Any = jnp.float32          # compute dtype; parameters stay float32
+  remat_policy: str = ""            # parallel.remat_policy, per encoder/decoder layer
 
   def setup(self):
     c = self.cfg
     self.embedding_shared = nn.Embed(c.vocab_size, c.hidden_size,
                                      embedding_init=nn.initializers.normal(c.hidden_size ** -0.5))
-    self.encoder = Encoder(c, self.dtype)
-    self.decoder = Decoder(c, self.dtype)
+    self.encoder = Encoder(c, self.dtype, self.remat_policy)
+    self.decoder = Decoder(c, self.dtype, self.remat_policy)
     self.embedding_dropout = ExampleDropout(c.dropout)          # the source embedding's
     self.target_embedding_dropout = ExampleDropout(c.dropout)   # the target embedding's
 
@@ -290,15 +303,15 @@ class Transformer(nn.Module):
     return dropout(x, deterministic=not train)
 
   def _biases(self, inputs, targets, packed):
-    """(encoder self-attention bias, decoder self-attention bias, encoder-decoder bias)."""
-    acc = accumulation_dtype(self.dtype)
+    """(encoder self-attention mask, decoder self-attention mask, encoder-decoder mask): the
+    reference's biases, as boolean masks (jax_attention.py)."""
     if packed is None:
-      bias = padding_bias(inputs, acc)
-      return bias, causal_bias(targets.shape[1], acc), bias
+      mask = padding_mask(inputs)
+      return mask, causal_mask(targets.shape[1]), mask
     inputs_segments, segments = packed["inputs_segmentation"], packed["targets_segmentation"]
-    return (segment_bias(inputs_segments, inputs_segments, acc),
-            segment_bias(segments, segments, acc, causal=True),
-            segment_bias(segments, inputs_segments, acc))
+    return (segment_mask(inputs_segments, inputs_segments),
+            segment_mask(segments, segments, causal=True),
+            segment_mask(segments, inputs_segments))
 
   def _embed_inputs(self, inputs, train, packed):
     return self._embed(inputs, train, None if packed is None else packed["inputs_position"])
@@ -310,10 +323,10 @@ class Transformer(nn.Module):
                        packed["targets_position"], target=True)
 
   def encode(self, inputs, train=False, packed=None):
-    """-> (encoder outputs [B, L, H], its attention bias [B, 1, 1, L]). `packed`: a packed
-    batch's segmentation and position features (then the bias is [B, 1, L, L])."""
+    """-> (encoder outputs [B, L, H], its attention mask [B, 1, 1, L]). `packed`: a packed
+    batch's segmentation and position features (then the mask is [B, 1, L, L])."""
     if packed is None:
-      bias = padding_bias(inputs, accumulation_dtype(self.dtype))
+      bias = padding_mask(inputs)
     else:
       bias = self._biases(inputs, inputs, packed)[0]
     return self.encoder(self._embed_inputs(inputs, train, packed), bias, train,
@@ -380,7 +393,7 @@ def _position_at(i, hidden_size):
 
 def build(cfg, dtype=jnp.float32) -> Transformer:
   """The model of the workload config `cfg` (cfg.model), computing in `dtype`."""
-  return Transformer(cfg.model, dtype)
+  return Transformer(cfg.model, dtype, cfg.parallel.remat_policy)
 
 
 def smoothed_cross_entropy(logits, labels, label_smoothing):

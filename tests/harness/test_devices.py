@@ -1,0 +1,41 @@
+"""harness/devices.py: the XLA flags a JAX run gets on a GPU (JAX-Toolbox's), the user's own
+flags winning, none on a CPU host or when switched off."""
+from harness import devices
+
+
+def test_user_flags_win_over_the_added_ones():
+  user = "--xla_gpu_enable_latency_hiding_scheduler=false --xla_dump_to=/tmp/d"
+  merged = devices.merge_xla_flags(user, devices.GPU_XLA_FLAGS)
+  assert merged.split() == [*user.split(), "--xla_gpu_enable_highest_priority_async_stream=true"]
+  assert devices.merge_xla_flags("", ["--a=1"]) == "--a=1"
+
+
+def test_gpu_flags_only_where_a_cuda_backend_will_start(monkeypatch):
+  environ = {}
+  assert not devices.prepare_jax_gpu(environ) and environ == {}   # this host: no CUDA plugin
+  monkeypatch.setattr(devices, "_installed", lambda module: module == "jax_cuda12_plugin")
+  environ = {"XLA_FLAGS": "--xla_gpu_enable_highest_priority_async_stream=false",
+             "XLA_PYTHON_CLIENT_MEM_FRACTION": "0.5"}
+  assert devices.prepare_jax_gpu(environ)
+  assert environ == {"XLA_FLAGS": "--xla_gpu_enable_highest_priority_async_stream=false "
+                                  "--xla_gpu_enable_latency_hiding_scheduler=true",
+                     "XLA_PYTHON_CLIENT_MEM_FRACTION": "0.5"}
+  environ = {}
+  assert devices.prepare_jax_gpu(environ)
+  assert environ["XLA_PYTHON_CLIENT_MEM_FRACTION"] == "0.9"
+  assert environ["XLA_FLAGS"].split() == list(devices.GPU_XLA_FLAGS)
+  for off in ({"JAX_PLATFORMS": "cpu"}, {"HARNESS_XLA_GPU_FLAGS": "0"}):
+    environ = dict(off)
+    assert not devices.prepare_jax_gpu(environ) and environ == off
+  assert devices.prepare_jax_gpu({"JAX_PLATFORMS": "cuda,cpu"})
+
+
+def test_mfu_is_model_flops_times_samples_over_the_peak():
+  # ResNet-50 v1.5: 3 x 4.1 GMAC x 2 = 24.6 GFLOP a training sample, at 7,160 img/s on one H100
+  h100 = devices.mfu(24.6e9, 7160, "NVIDIA H100 80GB HBM3", 1, "bfloat16")
+  assert abs(h100 - 24.6e9 * 7160 / 989e12) < 1e-15 and 0.178 < h100 < 0.179
+  assert devices.mfu(24.6e9, 2 * 7160, "NVIDIA H100 80GB HBM3", 2, "bfloat16") == h100
+  assert devices.peak_flops("NVIDIA H100 PCIe") == 756e12        # before the SXM entry
+  assert devices.peak_flops("NVIDIA H200", "float32") == 67e12
+  assert devices.mfu(24.6e9, 7160, "cpu", 1, "bfloat16") is None  # not in the table: blank
+  assert devices.mfu(None, 7160, "NVIDIA H200", 1, "bfloat16") is None

@@ -1,0 +1,48 @@
+"""bench/gpu_harness.py, the one command for a GPU box (issue 53), run as it would be there at a
+toy size on this CPU: the harness's synthetic run through the driver and the bare step of
+bench/gpu_models.py, each in its own process, and the table's ratios from their rows."""
+import csv
+import subprocess
+import sys
+
+import pytest
+
+from bench import gpu_harness
+from tests.conftest import ROOT, clean_env
+
+
+@pytest.mark.slow
+def test_one_command_runs_the_harness_and_the_bare_step(tmp_path):
+  out = tmp_path / "table.csv"
+  proc = subprocess.run(
+      [sys.executable, "bench/gpu_harness.py", "--workloads", "resnet50", "--preset", "tiny",
+       "--set", "data.source=synthetic", "--steps", "3", "--batch", "resnet50=4",
+       "--out", str(out)], cwd=ROOT, env=clean_env(), capture_output=True, text=True,
+      timeout=600)
+  assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+  with open(out, newline="") as f:
+    (row,) = list(csv.DictReader(f))
+  harness, bare = float(row["harness_samples_per_s"]), float(row["bare_samples_per_s"])
+  assert row["workload"] == "resnet50" and row["device_kind"] == "cpu" and row["batch"] == "4"
+  assert harness > 0 and bare > 0
+  assert abs(float(row["harness_over_bare"]) - harness / bare) < 1e-5 * harness / bare
+  assert row["harness_mfu"] == "" and row["mfu_over_anchor"] == ""   # a CPU has no peak here
+  assert float(row["mfu_goal"]) == 0.19 and float(row["anchor_mfu"]) == 0.192
+  assert "resnet50: missed: harness/bare" in proc.stdout or "resnet50: goals met" in proc.stdout
+
+
+def test_table_row_ratios_and_verdicts():
+  row = gpu_harness.compare("bert", 32, {"throughput": "180", "mfu": "0.41",
+                                         "device_kind": "NVIDIA H100 80GB HBM3"},
+                            {"samples_per_s": "200", "mfu": "0.45"})
+  assert row["harness_over_bare"] == 0.9 and abs(row["mfu_over_anchor"] - 0.41 / 0.49) < 1e-12
+  assert gpu_harness.verdicts(row) == "harness/bare 0.90 < 0.95"
+  failed = gpu_harness.compare("ssd", 64, None, {"samples_per_s": "100", "mfu": ""})
+  assert failed["harness_samples_per_s"] is None and failed["harness_over_bare"] is None
+  assert gpu_harness.verdicts(failed) == ""
+
+
+def test_bad_arguments_exit_2_with_one_line():
+  assert gpu_harness.main(["--workloads", "dlrm"]) == 2     # no bare-step builder
+  assert gpu_harness.main(["--steps", "0"]) == 2
+  assert gpu_harness.main(["--batch", "bert=x"]) == 2
