@@ -41,8 +41,8 @@ def one_device():
   return run("data=1")
 
 
-@pytest.mark.parametrize("mesh", ["data=2,expert=2", "data=2,expert=4",
-                                  "data=2,expert=2,model=2"])
+# (data=2,expert=4, more experts a device pair, showed nothing these two do not: suite time)
+@pytest.mark.parametrize("mesh", ["data=2,expert=2", "data=2,expert=2,model=2"])
 def test_expert_parallel_equals_one_device(one_device, mesh):
   trainer, (loss, grads, params), router = run(mesh)
   _, (one_loss, one_grads, one_params), one_router = one_device

@@ -29,8 +29,9 @@ from tests.trees import assert_trees_close
 pytestmark = pytest.mark.usefixtures("jax_float64")     # tests/conftest.py
 
 RTOL = 1e-9
-# (stages, micro-batches): fewer micro-batches than stages, as many, more, and twice as many
-GRID = [(2, 1), (2, 2), (4, 2), (4, 8)]
+# (stages, micro-batches): fewer micro-batches than stages, as many, and twice as many (4, 2
+# showed what 2, 1 does at twice the stages: dropped for suite time)
+GRID = [(2, 1), (2, 2), (4, 8)]
 
 
 def assert_close(actual, expected):

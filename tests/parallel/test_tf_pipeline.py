@@ -102,10 +102,10 @@ def weights(trainer):
   return {path: var.numpy() for path, var in tf_layers.params_by_path(trainer.model).items()}
 
 
-# more micro-batches than stages (with data and remat), as many (remat), fewer (without): the
-# stage=2,data=1 M=4 run without remat showed what these do
+# more micro-batches than stages (with data and remat) and fewer (without, four stages): the
+# stage=2,data=1 M=4 run without remat and stage=4,data=1 M=4 with it showed what these do
 @pytest.mark.parametrize("mesh,microbatches,remat", [
-    ("stage=4,data=1", 4, True), ("stage=2,data=2", 4, True), ("stage=4,data=1", 1, False)])
+    ("stage=2,data=2", 4, True), ("stage=4,data=1", 1, False)])
 def test_tf_transformer_pipelined_equals_one_replica(one_replica, mesh, microbatches, remat):
   piped = tf_transformer(mesh, microbatches, remat)
   start = weights(one_replica)

@@ -40,7 +40,9 @@ def _trainer(name):
   return spec.make_trainer("tf", cfg, RunContext(seed=0, preset="tiny"))
 
 
-@pytest.mark.parametrize("name", registry.names())
+# The loop is the TF trainer base's, the same for every workload; EfficientNet's tiny step
+# (XLA-compiled here, ~25 CPU s) is left out: suite time. Its step's structure is below.
+@pytest.mark.parametrize("name", [n for n in registry.names() if n != "efficientnet"])
 def test_tf_train_loop_is_one_call_of_n_compiled_steps(name):
   trainer = _trainer(name)
   trainer.init()
