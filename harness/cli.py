@@ -461,6 +461,10 @@ def _print_layout(info, batch):
         for k, v in sorted(kinds.items())) or "none"))
   elif info.flops_missing.startswith("not compiled"):
     print("collectives in the step:  not compiled: the mesh has more devices than this machine")
+  for kind, (sent, true) in (info.emulated_collectives or {}).items():
+    print(f"{kind}: built from an all-reduce (tf.distribute has no all-to-all): {sent:,} "
+          f"bytes a replica sends a step, where an all-to-all sends {true:,} "
+          f"({sent / max(true, 1):g}x; docs/platform.md)")
   if info.pipeline is not None:
     _print_pipeline(info.pipeline, batch)
 

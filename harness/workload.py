@@ -131,6 +131,9 @@ class Description:
   activation_bytes_per_device: int | None = None     # the compiled step's temporaries (JAX)
   collectives_in_train_step: dict | None = None      # {kind: count}
   collective_bytes_in_train_step: dict | None = None  # {kind: bytes} (TF)
+  # {kind: (bytes a replica sends a step as built, bytes the true collective would send)}: a
+  # collective the runtime builds from another (TF's all-to-all from an all-reduce)
+  emulated_collectives: dict | None = None
   # {(kind, mesh axes): (ops, tensors, bytes)} from the compiled HLO (JAX)
   collectives_by_axis: dict | None = None
   layout: dict | None = None      # {'split': {path: axes}, 'whole': {path: dims}} (JAX)

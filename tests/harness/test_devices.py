@@ -39,3 +39,14 @@ def test_mfu_is_model_flops_times_samples_over_the_peak():
   assert devices.peak_flops("NVIDIA H200", "float32") == 67e12
   assert devices.mfu(24.6e9, 7160, "cpu", 1, "bfloat16") is None  # not in the table: blank
   assert devices.mfu(None, 7160, "NVIDIA H200", 1, "bfloat16") is None
+
+
+def test_describe_prints_the_peak_and_the_samples_per_s_of_full_mfu():
+  from types import SimpleNamespace
+  from harness import cli
+  h100 = SimpleNamespace(device_kind="NVIDIA H100 80GB HBM3", num_devices=8)
+  assert cli._peak_line(h100, "bfloat16", 24.6e9) == (      # pylint: disable=protected-access
+      "989 TFLOP/s bfloat16 (NVIDIA H100 80GB HBM3) x 8 device(s); 100% MFU = "
+      f"{989e12 * 8 / 24.6e9:,.0f} samples/s")
+  cpu = SimpleNamespace(device_kind="cpu", num_devices=1)
+  assert "not in the table for 'cpu'" in cli._peak_line(cpu, "float32", 1e9)  # pylint: disable=protected-access

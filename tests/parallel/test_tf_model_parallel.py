@@ -198,7 +198,8 @@ def bert_weights(trainer, values=None):
 
 
 # data=2,model=2 with weight-update sharding: data x model and the sharded LAMB update at once
-@pytest.mark.parametrize("mesh,wus", [("data=1,model=2", False), ("data=2,model=2", True)])
+# (model=2 alone showed nothing this does not: suite time)
+@pytest.mark.parametrize("mesh,wus", [("data=2,model=2", True)])
 def test_bert_model_parallel_with_lamb_equals_one_replica(mesh, wus):
   """Vocabulary-parallel MLM loss with the tied, split output bias; LAMB's trust ratios over
   whole kernels (the shards' squares summed over model, and with weight-update sharding over

@@ -89,7 +89,16 @@ def test_expert_parallel_equals_one_replica(one_replica, mesh):
   # each replica holds E / expert experts
   kernel = trainer.model.encoder.blocks[1].ffn.experts.filter.kernel
   assert kernel.variable.values[0].shape == (4 // trainer.runtime.expert, 32, 64)
-  assert trainer.runtime.collective_calls["all_to_all_over_expert"] >= 4
+  rt = trainer.runtime
+  assert rt.collective_calls["all_to_all_over_expert"] >= 4
+  # the all-to-all's cost as describe prints it, from the ops issued (counted while tracing):
+  # its all-reduces carry `expert` times its tensors; a ring sends 2 (p - 1) / p of them, an
+  # all-to-all (p - 1) / p of its own
+  moved, a2a = rt.collective_bytes["all_reduce_over_expert"], rt.collective_bytes[
+      "all_to_all_over_expert"]
+  assert moved == rt.expert * a2a
+  sent, true = rt.emulated_costs({"all_to_all_over_expert": a2a})["all_to_all_over_expert"]
+  assert sent == 2 * (rt.expert - 1) * moved // rt.expert and true == a2a // 2
 
 
 @pytest.fixture(scope="module")

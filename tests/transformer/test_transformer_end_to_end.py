@@ -1,7 +1,9 @@
-"""The mini Transformer run end to end, through the command line, in both frameworks: BLEU
-(beam search, the reference's BLEU) reaches the mini target, the result row says success, and
-the log carries every key closed_transformer.yaml (ruleset 0.7.0) asks for and passes the
-official checker."""
+"""The mini Transformer run end to end, through the command line: BLEU (beam search, the
+reference's BLEU) reaches the mini target, the result row says success, and the log carries
+every key closed_transformer.yaml (ruleset 0.7.0) asks for and passes the official checker.
+JAX here; TF's one-device run is the committed baseline's ten (their logs checked in
+tests/harness/test_summarize.py), and TF's Transformer reaches the mini target through the CLI
+pipelined and model-parallel (tests/parallel/test_*_end_to_end.py): cut here for suite time."""
 import json
 
 import pandas as pd
@@ -17,7 +19,7 @@ def _log_events(path):
     return [json.loads(line[len(":::MLLOG "):]) for line in f if line.startswith(":::MLLOG ")]
 
 
-@pytest.mark.parametrize("framework", ["jax", "tf"])
+@pytest.mark.parametrize("framework", ["jax"])
 def test_mini_transformer_reaches_bleu_target_and_log_passes_the_checker(cli, tmp_path,
                                                                          framework):
   results_csv = tmp_path / "results.csv"

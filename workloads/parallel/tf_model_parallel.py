@@ -148,7 +148,7 @@ def copy_to_model(runtime, x):
 
   @tf.custom_gradient
   def f(x):
-    return tf.identity(x), lambda dy: runtime.model_sum(dy)
+    return tf.identity(x), lambda dy: runtime.axis_sum(dy, "model")
   return f(x)
 
 
@@ -159,7 +159,7 @@ def reduce_from_model(runtime, x):
 
   @tf.custom_gradient
   def g(x):
-    return runtime.model_sum(x), lambda dy: dy
+    return runtime.axis_sum(x, "model"), lambda dy: dy
   return g(x)
 
 
@@ -187,7 +187,7 @@ def vocab_parallel_smoothed_cross_entropy(runtime, logits, labels, confidence, l
   offset = labels - start
   # the maximum only steadies exp(): the same value on every peer, no gradient (a gather of
   # the peers' maxima: tf.distribute's all_reduce has no MAX)
-  shift = tf.stop_gradient(tf.reduce_max(runtime.model_gather(tf.reduce_max(logits, -1)), 0))
+  shift = tf.stop_gradient(tf.reduce_max(runtime.axis_gather(tf.reduce_max(logits, -1), "model"), 0))
   shifted = logits - shift[..., None]
   total_exp = reduce_from_model(runtime, tf.reduce_sum(tf.exp(shifted), -1))
   soft = tf.one_hot(offset, rows, on_value=confidence, off_value=low, dtype=logits.dtype)

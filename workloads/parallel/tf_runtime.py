@@ -267,16 +267,18 @@ class StrategyRuntime:
     self._count(f"all_to_all_over_{axis}", x)
     return tf.gather(self.axis_gather(x, axis), self.axis_index(axis), axis=1)
 
-  def model_sum(self, x):
-    """Sum over this replica's model peers (the `model` consecutive replicas of its group)."""
-    self._count("all_reduce_over_model", x)
-    return self.group_sum(x, self.model)
-
-  def model_gather(self, x):
-    """[model, ...]: every model peer's x, in model order."""
-    if self.model == 1:
-      return x[None]
-    return self.model_sum(_as_row(x, self.model_index(), self.model))
+  def emulated_costs(self, bytes_by_kind):
+    """{kind: (bytes a replica sends, bytes a true all-to-all sends)} for each all-to-all of
+    `bytes_by_kind` (a step's counted tensors, per replica). Each is an all-reduce of a
+    tensor `peers` times the size (axis_gather), of which a ring all-reduce sends 2 (p - 1) / p,
+    where an all-to-all sends the (p - 1) / p of its tensor bound for other peers: 2 p times
+    fewer bytes (docs/platform.md)."""
+    costs = {}
+    for kind, nbytes in bytes_by_kind.items():
+      if kind.startswith("all_to_all_over_"):
+        peers = self.axis_size(kind[len("all_to_all_over_"):])
+        costs[kind] = (2 * (peers - 1) * nbytes, (peers - 1) * nbytes // peers)
+    return costs
 
   def data_sum(self, x, axis="model"):
     """Sum over the replicas holding the same shard of a weight split over `axis` ('model' or

@@ -417,5 +417,6 @@ class StrategyTrainer:
                                         self.runtime.collective_calls.items()}
       info.collective_bytes_in_train_step = {k: v // n for k, v in
                                              self.runtime.collective_bytes.items()}
+      info.emulated_collectives = self.runtime.emulated_costs(info.collective_bytes_in_train_step)
     return info
 
