@@ -14,6 +14,7 @@ Everything here is plain Python, so the fit check runs before TensorFlow or JAX 
 import dataclasses
 import math
 import re
+from typing import Callable
 
 from harness import pipeline
 from harness.cluster import SOURCES as CLUSTER_SOURCES
@@ -219,6 +220,58 @@ def mesh_shape(parallel: ParallelConfig, available: int, global_batch_size: int 
                    spatial=axes["spatial"], bn_group_size=group)
 
 
+@dataclasses.dataclass(frozen=True)
+class Refusal:
+  """A combination of axes (and run settings) a framework runtime does not run, and why."""
+  framework: str                               # 'jax', 'tf' or 'any'
+  applies: Callable[[dict, ParallelConfig], bool]   # (axes {name: size}, parallel) -> refused
+  reason: Callable[[dict], str]                 # axes -> the one-line error, what is allowed
+
+
+def _stage_with(axes):
+  return next((a for a in ("model", "spatial", "expert") if axes[a] > 1), None)
+
+
+# Which mesh axes combine, in which framework: the one table. check_fits refuses the first row
+# that applies, in one line, before any framework loads; the runtimes check their resolved
+# shape against the same rows (composition_refusal) for a config that did not come through the
+# command line. What a workload adds (its layouts, its model's fit) stays in its spec's
+# split_dims and check_framework; what only a started runtime knows (the replicas a worker
+# holds) stays in the runtime.
+COMPOSITION = (
+    Refusal("any", lambda a, p: a["stage"] > 1 and _stage_with(a) is not None,
+            lambda a: f"--mesh stage={a['stage']} with {_stage_with(a)}={a[_stage_with(a)]}: "
+                      "the pipeline runs over stage and data only; allowed: stage=K,data=D"),
+    Refusal("any", lambda a, p: a["stage"] > 1 and p.bn_group_size,
+            lambda a: "--bn-group-size with --mesh stage: pipelined batch norm normalises each "
+                      "micro-batch over the data axis; allowed: --bn-group-size 0"),
+    Refusal("tf", lambda a, p: a["expert"] > 1 and a["model"] > 1,
+            lambda a: f"--mesh expert={a['expert']},model={a['model']} in TF: its expert axis "
+                      "runs without a model axis; allowed: both in JAX, or one in TF"),
+    Refusal("tf", lambda a, p: a["expert"] > 1 and (a["spatial"] > 1 or p.num_processes > 1
+                                                    or p.weight_update_sharding),
+            lambda a: f"--mesh expert={a['expert']} in TF: its expert axis runs on one host, "
+                      "without spatial partitioning or weight-update sharding; allowed: those "
+                      "in JAX, or data=D,expert=X on one TF host"),
+    Refusal("tf", lambda a, p: a["model"] > 1 and (p.num_processes > 1 or a["spatial"] > 1),
+            lambda a: f"--mesh model={a['model']} in TF: its runtime splits weights on one "
+                      "host, without spatial partitioning; allowed: those in JAX, or "
+                      "data=D,model=M on one TF host"),
+    Refusal("tf", lambda a, p: (a["stage"] > 1 or p.microbatches > 1) and p.num_processes > 1,
+            lambda a: f"--mesh stage={a['stage']} in TF: its pipeline is one graph placed over "
+                      "one host's devices; allowed: those in JAX, or one TF host"),
+)
+
+
+def composition_refusal(framework: str, axes: dict, parallel: ParallelConfig) -> str | None:
+  """The first row of COMPOSITION refusing `axes` ({name: size}) in `framework`, in words;
+  None when the runtime runs them."""
+  for row in COMPOSITION:
+    if row.framework in ("any", framework) and row.applies(axes, parallel):
+      return row.reason(axes)
+  return None
+
+
 def check_workload_axes(shape: MeshShape, workload: str, workload_axes):
   """ValueError when the mesh splits an axis the workload has no dimension on (the trainers'
   check, for configs that did not come through the CLI)."""
@@ -242,6 +295,9 @@ def check_fits(parallel: ParallelConfig, *, framework: str, workload: str,
     if axes[axis] > 1 and axis not in runtime:
       raise UsageError(f"--mesh axis {axis}={axes[axis]}: the {framework} runtime does not "
                        f"run it yet; allowed axes: {', '.join(runtime)}")
+  refused = composition_refusal(framework, axes, parallel)
+  if refused:
+    raise UsageError(refused)
   try:
     check_workload_axes(MeshShape(**{**axes, "data": max(axes["data"], 1)}), workload,
                         workload_axes)
@@ -276,15 +332,6 @@ def check_fits(parallel: ParallelConfig, *, framework: str, workload: str,
       flag = "--spatial-partitions " if axis == "spatial" else f"--mesh {axis}="
       raise UsageError(f"{flag}{axes[axis]} does not divide the {logical} size {size}; "
                        f"allowed: a divisor of {size}")
-  if framework == "tf" and (axes["stage"] > 1 or parallel.microbatches > 1) and (
-      parallel.num_processes > 1):
-    raise UsageError(f"--mesh stage={axes['stage']} in TF: its pipeline is one graph placed "
-                     "over one host's devices; allowed: those in JAX, or one TF host")
-  if framework == "tf" and axes["model"] > 1 and (
-      parallel.num_processes > 1 or axes["spatial"] > 1):
-    raise UsageError(f"--mesh model={axes['model']} in TF: its runtime splits weights on one "
-                     "host, without spatial partitioning; allowed: those in JAX, or "
-                     "data=D,model=M on one TF host")
   if framework == "tf" and parallel.remat_policy:
     raise UsageError(f"parallel.remat_policy={parallel.remat_policy!r} in TF: block "
                      "rematerialisation is JAX's (jax.checkpoint policies); allowed: '' in TF")

@@ -63,7 +63,8 @@ def schedule(stages: int, microbatches: int) -> list[list[int | None]]:
 
 def check(parallel, *, workload: str, layers, global_batch_size: int, data: int):
   """The pipeline's fit check (harness.mesh.check_fits calls it): a workload that can be cut,
-  a cut with no empty stage, and a per-replica batch that M micro-batches divide."""
+  a cut with no empty stage, and a per-replica batch that M micro-batches divide. Which axes
+  a pipeline combines with is harness.mesh.COMPOSITION's."""
   axes = parallel.axes()
   stages, m = axes["stage"], parallel.microbatches
   if (stages > 1 or m > 1 or parallel.stage_layers) and layers is None:
@@ -77,13 +78,6 @@ def check(parallel, *, workload: str, layers, global_batch_size: int, data: int)
     raise UsageError(f"parallel.microbatches={m} does not divide the per-replica batch "
                      f"({per_replica} = {global_batch_size} / {max(data, 1)} data replicas); "
                      f"allowed: a divisor of {per_replica}")
-  for axis in ("model", "spatial", "expert"):
-    if stages > 1 and axes[axis] > 1:
-      raise UsageError(f"--mesh stage={stages} with {axis}={axes[axis]}: the pipeline runs "
-                       "over stage and data only; allowed: stage=K,data=D")
-  if stages > 1 and parallel.bn_group_size:
-    raise UsageError("--bn-group-size with --mesh stage: pipelined batch norm normalises each "
-                     "micro-batch over the data axis; allowed: --bn-group-size 0")
 
 
 def stage_summary(layers, cut, param_sizes: dict) -> list[dict]:

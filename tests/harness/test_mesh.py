@@ -128,3 +128,25 @@ def test_every_parameter_of_every_workload_has_logical_axes(name):
     axes = mesh.param_axes(spec.param_axes, path_name(path), leaf.ndim)
     names.update(a for a in axes if a)
   assert names <= set(mesh.LOGICAL_AXES) and names
+
+
+def test_one_composition_table_refuses_per_framework():
+  """harness.mesh.COMPOSITION: each TF-only row refuses in TF and lets the same run through in
+  JAX; the first row that applies is the one line a user sees."""
+  from harness.mesh import ParallelConfig, composition_refusal
+  cases = {
+      ("data=1,expert=2,model=2", ()): "--mesh expert=2,model=2 in TF: its expert axis runs "
+                                       "without a model axis",
+      ("data=2,expert=2", ("weight_update_sharding",)): "--mesh expert=2 in TF: its expert "
+                                                         "axis runs on one host",
+      ("data=1,model=2", ("num_processes",)): "--mesh model=2 in TF: its runtime splits "
+                                              "weights on one host",
+      ("data=1,stage=2", ("num_processes",)): "--mesh stage=2 in TF: its pipeline is one graph",
+  }
+  for (text, flags), message in cases.items():
+    parallel = ParallelConfig(mesh=text, weight_update_sharding="weight_update_sharding" in flags,
+                              num_processes=2 if "num_processes" in flags else 1)
+    assert composition_refusal("tf", parallel.axes(), parallel).startswith(message), text
+    assert composition_refusal("jax", parallel.axes(), parallel) is None, text
+  both = ParallelConfig(mesh="data=1,stage=2,model=2", bn_group_size=1)
+  assert composition_refusal("jax", both.axes(), both).startswith("--mesh stage=2 with model=2")

@@ -2,7 +2,7 @@
 bubble, the per-stage parameter summary; no framework."""
 import pytest
 
-from harness import pipeline
+from harness import mesh, pipeline
 from harness.errors import UsageError
 from harness.mesh import ParallelConfig
 
@@ -52,5 +52,9 @@ def test_check_refuses_before_any_framework():
     pipeline.check(ParallelConfig(mesh="data=2,stage=2", microbatches=5), **ok)
   with pytest.raises(UsageError, match="has no pipeline layers"):
     pipeline.check(ParallelConfig(microbatches=2), **{**ok, "layers": None})
-  with pytest.raises(UsageError, match="runs over stage and data only"):
-    pipeline.check(ParallelConfig(mesh="data=1,stage=2,spatial=2"), **ok)
+  # which axes a pipeline combines with: harness.mesh's one table, for both frameworks
+  spatial = ParallelConfig(mesh="data=1,stage=2,spatial=2")
+  for framework in ("jax", "tf"):
+    assert mesh.composition_refusal(framework, spatial.axes(), spatial) == (
+        "--mesh stage=2 with spatial=2: the pipeline runs over stage and data only; allowed: "
+        "stage=K,data=D")

@@ -112,6 +112,10 @@ class MeshRuntime:
     if unsupported:
       raise ValueError(f"--mesh axis {unsupported[0]}: the jax runtime does not run it yet; "
                        f"allowed axes: {', '.join(SUPPORTED_AXES)}")
+    refused = mesh_lib.composition_refusal("jax", {a: shape.size(a) for a in mesh_lib.AXES},
+                                           parallel)
+    if refused:                   # harness.mesh's table (the command line refused it already)
+      raise ValueError(refused)
     data, group = shape.data, shape.bn_group_size
     self.parallel = parallel
     self.data, self.model, self.spatial = data, shape.model, shape.spatial

@@ -149,21 +149,17 @@ class StrategyRuntime:
     if unsupported:
       raise ValueError(f"--mesh axis {unsupported[0]}: the tf runtime does not run it yet; "
                        f"allowed axes: {', '.join(SUPPORTED_AXES)}")
+    refused = mesh_lib.composition_refusal("tf", {a: shape.size(a) for a in mesh_lib.AXES},
+                                           parallel)
+    if refused:                   # harness.mesh's table (the command line refused it already)
+      raise ValueError(refused)
     data, spatial, group = shape.data, shape.spatial, shape.bn_group_size
     self.model, self.expert = shape.model, shape.expert
-    if self.expert > 1 and (self.model > 1 or spatial > 1 or devices is None
-                            or parallel.weight_update_sharding):
-      raise ValueError(f"--mesh {shape.description}: the tf runtime runs an expert axis on one "
-                       "host, without model or spatial axes or weight-update sharding; "
-                       "allowed: data=D,expert=X")
     # The batch is split over data x expert (harness.mesh's 'batch' rule): to everything that
     # splits the batch (input, gradient sums of whole weights), the expert axis's replicas
     # are data replicas; a weight split over experts (tf_model_parallel.ShardedWeight, axis
     # 'expert') is summed over the replicas holding the same experts (`data_sum`).
     data *= self.expert
-    if self.model > 1 and (spatial > 1 or devices is None):
-      raise ValueError(f"--mesh {shape.description}: the tf runtime runs a model axis on one "
-                       "host without spatial partitioning; allowed: data=D,model=M")
     if devices is None and data * spatial != available:
       raise ValueError(f"--mesh data={data},spatial={spatial}: a multi-worker TF run uses "
                        f"every replica of every worker ({available})")
@@ -171,9 +167,6 @@ class StrategyRuntime:
     self.stage, self.microbatches = shape.stage, parallel.microbatches
     self.pipelined = self.stage > 1 or self.microbatches > 1
     self.pipeline_devices = devices[:data * self.stage] if self.pipelined else []
-    if self.pipelined and devices is None:
-      raise ValueError(f"--mesh {shape.description}: the tf pipeline runs on one host; "
-                       "allowed: stage=K,data=D on one TF host")
     self.num_replicas = 1 if self.pipelined else data * self.model * spatial
     if devices is not None:
       self.strategy = (_mirrored_strategy(tuple(devices[:self.num_replicas]))

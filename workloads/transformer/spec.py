@@ -245,8 +245,10 @@ PARAM_AXES = (
 
 def check_framework(cfg: TransformerConfig, framework: str):
   """The expert layers' fit (before any framework loads): a mesh with an expert axis needs
-  experts to split; experts do not run inside a GPipe pipeline; TF's expert axis runs without
-  a model axis (tf_moe.py); each batch shard's tokens are whole routing groups."""
+  experts to split; experts do not run inside a GPipe pipeline; each batch shard's tokens
+  are whole routing groups. (Which axes the expert axis combines with in each framework is
+  harness.mesh.COMPOSITION's.)"""
+  del framework                     # the protocol's argument: these hold in both frameworks
   moe, axes = cfg.model.moe, cfg.parallel.axes()
   if axes["expert"] > 1 and not moe.num_experts:
     raise UsageError(f"--mesh expert={axes['expert']}: model.moe.num_experts=0 (dense) has no "
@@ -257,9 +259,6 @@ def check_framework(cfg: TransformerConfig, framework: str):
   if axes["stage"] > 1 or cfg.parallel.microbatches > 1:
     raise UsageError("model.moe.num_experts with a GPipe pipeline (--mesh stage / "
                      "parallel.microbatches) is not supported; allowed: data, expert, model")
-  if framework == "tf" and axes["expert"] > 1 and axes["model"] > 1:
-    raise UsageError(f"--mesh expert={axes['expert']},model={axes['model']} in TF: its expert "
-                     "axis runs without a model axis; allowed: both in JAX, or one in TF")
   if axes["data"]:
     check_groups(moe, cfg.train.global_batch_size, cfg.data.max_length,
                  axes["data"] * axes["expert"])
