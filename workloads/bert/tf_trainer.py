@@ -28,8 +28,8 @@ def pretraining_loss(mlm_logits, nsp_logits, batch, global_batch_size, model=Non
     nll = tf.nn.sparse_softmax_cross_entropy_with_logits(batch["masked_lm_ids"], mlm_logits)
   weights = tf.cast(batch["masked_lm_weights"], nll.dtype)
   weight_sum = replica.all_reduce(tf.distribute.ReduceOp.SUM, tf.reduce_sum(weights))
-  if runtime is not None and runtime.model > 1:
-    weight_sum /= runtime.model             # every model peer counted the same positions
+  if runtime is not None:
+    weight_sum /= runtime.copies            # every model peer counted the same positions
   mlm = tf.reduce_sum(weights * nll) / (weight_sum + 1e-5)
   nsp = tf.nn.sparse_softmax_cross_entropy_with_logits(batch["next_sentence_labels"], nsp_logits)
   return mlm + tf.reduce_sum(nsp) / global_batch_size

@@ -196,6 +196,13 @@ class StrategyRuntime:
   def description(self):
     return self.shape.description
 
+  @property
+  def copies(self) -> int:
+    """Replicas computing on the same examples (a model group's peers, a spatial group's
+    slabs): a sum over every replica counts each example this many times, and a loss or count
+    summed so is divided by it (harness.mesh.COMPOSITION keeps one of the two at 1)."""
+    return self.model * self.spatial
+
   # ------------------------------------------------------------------ replica-context collectives
   def _count(self, kind, x=None):
     """At trace time: one collective of `kind` and the bytes it reduces (static shapes)."""

@@ -208,7 +208,7 @@ class StrategyTrainer:
       # shard's gradient is summed over its data peers only.
       # (An expert's weights are split over `expert` the same way: model is 1 then.)
       n = len(self.model.trainable_variables)
-      whole = [g / rt.model for g in rt.all_sum(grads[:n])]
+      whole = [g / rt.copies for g in rt.all_sum(grads[:n])]
       shards = [rt.data_sum(g, w.axis) for g, w in zip(grads[n:], rt.sharded_weights)]
       clip = getattr(self.optimizer, "global_clipnorm", None)
       if clip:              # LAMB's global norm covers the shards too (the shards' squares
@@ -226,7 +226,7 @@ class StrategyTrainer:
         lr = self.optimizer.learning_rate             # at this step, before the update
         self.optimizer.apply(whole, self.model.trainable_variables)
       self.model_update.apply(shards, step, lr)
-      return loss / rt.model
+      return loss / rt.copies
     grads = rt.all_sum(grads)                  # summed over replicas, before any clipping
     if self.sharded is not None:
       self.sharded.apply(grads)
@@ -266,7 +266,7 @@ class StrategyTrainer:
   def _drop_spatial_duplicates(self, outputs):
     """Replica r = (d * model + m) * spatial + j: keep m = j = 0, one copy of its data shard's
     examples (its model peers and spatial slabs see the same ones)."""
-    k = self.runtime.spatial * self.runtime.model
+    k = self.runtime.copies
     if k == 1:
       return outputs
     def first_slab(x):

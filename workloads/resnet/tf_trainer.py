@@ -45,7 +45,7 @@ class ResNetTrainer(StrategyTrainer):
       # replicas is the global mean; the k replicas of a spatial group share each example.
       loss = tf_top1.cross_entropy_sum(logits, batch["label"], cfg.model.num_classes,
                                cfg.optimizer.label_smoothing) / (
-                                   cfg.train.global_batch_size * self.runtime.spatial)
+                                   cfg.train.global_batch_size * self.runtime.copies)
     return loss, tape.gradient(loss, self.model.trainable_variables)
 
   def pipelined_loss_and_grads(self, batch):

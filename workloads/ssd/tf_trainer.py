@@ -81,7 +81,7 @@ class SsdTrainer(StrategyTrainer):
     with tf.GradientTape() as tape:
       locs, logits = self.model(batch["image"], training=True)
       loss = ssd_loss_sum(locs, logits, batch["boxes"], batch["labels"]) / (
-          self.cfg.train.global_batch_size * self.runtime.spatial)
+          self.cfg.train.global_batch_size * self.runtime.copies)
     return loss, tape.gradient(loss, self.model.trainable_variables)
 
   def eval_step(self, batch):

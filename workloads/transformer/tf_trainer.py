@@ -62,8 +62,8 @@ def replica_loss(model, batch, label_smoothing, training=True, routers=None):
     total, count = smoothed_cross_entropy(logits, batch["targets"], label_smoothing)
   replica = tf.distribute.get_replica_context()
   global_count = replica.all_reduce(tf.distribute.ReduceOp.SUM, count) if replica else count
-  if runtime is not None and runtime.model > 1:
-    global_count /= runtime.model           # every model peer counted the same tokens
+  if runtime is not None:
+    global_count /= runtime.copies          # every model peer counted the same tokens
   loss = total / tf.maximum(global_count, 1.0)
   if routers is not None:
     routers.extend(collected)
