@@ -318,18 +318,23 @@ class MeshTrainer:
         shift_source="collective permutes, one an iteration, bubbles included")
 
   def _train_step_flops(self):
-    """FLOPs of one device's train step from XLA's cost analysis: of the compiled program on a
-    CPU; elsewhere of the lowered one, as the backend has not rewritten it: a GPU's compiled
-    matmuls and convolutions are cuBLAS/cuDNN custom calls the analysis does not count (ResNet-50
-    on an H200: 0.41 GFLOP a sample compiled, 23.75 lowered; bench/gpu_models.py). NaN where the
-    backend answers nothing."""
-    program = self._train_step if jax.default_backend() == "cpu" else self._train_lowered
+    """FLOPs of the whole train step (every device's) from XLA's cost analysis. The compiled
+    program's analysis is one device's share (x devices). Off a CPU, on one device, the
+    lowered program's instead, as the backend has not rewritten it: a GPU's compiled matmuls
+    and convolutions are cuBLAS/cuDNN custom calls the analysis does not count (ResNet-50 on an
+    H200: 0.41 GFLOP a sample compiled, 23.75 lowered; bench/gpu_models.py). (Across devices
+    the lowered program mixes global shapes with shard_map's per-device ones, so there it is
+    the compiled one's figure, undercounted on a GPU.) NaN where the backend answers
+    nothing."""
+    lowered = jax.default_backend() != "cpu" and self.num_devices == 1
+    program = self._train_lowered if lowered else self._train_step
     try:
       cost = program.cost_analysis()
     except Exception:  # pylint: disable=broad-except  # some PJRT plugins raise
       cost = None
     cost = cost[0] if isinstance(cost, (list, tuple)) and cost else cost
-    return float(cost.get("flops", float("nan"))) if cost else float("nan")
+    flops = float(cost.get("flops", float("nan"))) if cost else float("nan")
+    return flops if lowered else flops * self.num_devices
 
   def describe(self):
     """The compiled step's cost analysis, HLO and memory analysis, and the layout: bytes per
@@ -353,9 +358,8 @@ class MeshTrainer:
       return info
     if self.stage_cut:
       info.pipeline = self._describe_pipeline()
-    # XLA's cost analysis of a partitioned program is one device's share: x devices for the step
-    flops = self._train_step_flops()
-    info.train_flops_per_example = flops * self.num_devices / self.cfg.train.global_batch_size
+    info.train_flops_per_example = (self._train_step_flops()
+                                    / self.cfg.train.global_batch_size)
     hlo = self._train_step.as_text()
     memory = self._train_step.memory_analysis()
     info.activation_bytes_per_device = int(memory.temp_size_in_bytes) if memory else None
