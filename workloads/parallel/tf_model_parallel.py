@@ -12,9 +12,10 @@ tf.custom_gradient over the runtime's group collectives:
 ParallelDense is keras.layers.Dense split either way. The vocabulary-parallel embedding looks
 up the ids its shard holds and sums over peers; the vocabulary-parallel softmax cross entropy
 reduces its maximum and sums over `model` and never gathers the logits. A sharded weight's
-gradient is summed over its data peers only (runtime.data_sum); ShardedWeightsUpdate applies
-the optimizer's flat rule to each shard, with whole-tensor norms (the shards' squares summed
-over `model`) for LAMB's trust ratio.
+gradient is summed over its data peers only (runtime.data_sum); tf_runtime.ShardedUpdate (the
+one sliced update, also weight-update sharding's) applies the optimizer's flat rule to the
+shards, with whole-tensor norms (the shards' squares summed over `model`) for LAMB's trust
+ratio, and with weight-update sharding splits them further over their data peers.
 
 `gathered_weights()` is for the beam-search eval: tf.distribute cannot run a collective inside
 the decoder's while loop (merge_call in control flow), so the eval all-gathers every sharded
@@ -212,70 +213,3 @@ def gathered_weights(runtime):
     yield
   finally:
     _GATHERED.values = None
-
-
-class ShardedWeightsUpdate:
-  """The optimizer's update of the sharded weights, each replica on its own shard: the
-  optimizer's flat rule (tf_optimizers: the same formula as its per-variable update) with its
-  slots in ON_READ variables, whole-tensor norms for trust ratios, at the step and learning
-  rate the trainer passes (those of the update of the whole weights).
-
-  With weight-update sharding the shard's update is split further over its data peers (as the
-  JAX runtime splits a model-sharded tensor's state over `data`): the flattened shard, padded
-  to a multiple of the data axis, gives data peer d its slice d; the slots hold that slice, the
-  rule runs on it (norms: the squares summed over every replica, each element owned by one),
-  and the new slices are gathered over the data peers."""
-
-  def __init__(self, runtime, optimizer, decayed):
-    self.runtime, self.optimizer = runtime, optimizer
-    self.rule, slot_names = optimizer.flat_update_rule()
-    self.weights = list(runtime.sharded_weights)
-    self.masks = [1.0 if decayed(w.name) else 0.0 for w in self.weights]
-    self.split = runtime.weight_update_sharding and runtime.data > 1
-    self.sizes = [int(np.prod(w.variable.values[0].shape)) for w in self.weights]
-    shapes = ([[-(-n // runtime.data)] for n in self.sizes] if self.split else
-              [w.variable.values[0].shape for w in self.weights])
-    with runtime.strategy.scope():
-      self.slots = [{name: tf.Variable(tf.zeros(shape, w.variable.dtype),
-                                       name=f"{w.name}_{name}", **ON_READ)
-                     for name in slot_names} for w, shape in zip(self.weights, shapes)]
-
-  def _slice(self, x, size):
-    """Data peer d's slice of a flattened shard (padded to a multiple of the data axis)."""
-    rt = self.runtime
-    part = -(-size // rt.data)
-    flat = tf.pad(tf.reshape(x, [-1]), [[0, part * rt.data - size]])
-    return tf.reshape(tf.slice(flat, [rt.data_index() * part], [part]), [part])
-
-  def apply(self, grads, step, lr):
-    """In replica context: `grads` (one per weight, summed over data peers) at update count
-    `step` (from 1) with learning rate `lr`."""
-    rt = self.runtime
-    for weight, grad, slots, mask, size in zip(self.weights, grads, self.slots, self.masks,
-                                               self.sizes):
-      norm_sum = rt.all_sum if self.split else lambda x, a=weight.axis: rt.axis_sum(x, a)
-
-      def norm(x, norm_sum=norm_sum):
-        return tf.sqrt(norm_sum(tf.reduce_sum(tf.square(x)))) * tf.ones_like(x)
-
-      var = weight.component()
-      w, g = tf.convert_to_tensor(var), tf.cast(grad, var.dtype)
-      if self.split:
-        w, g = self._slice(w, size), self._slice(g, size)
-      values = {name: tf.convert_to_tensor(s._get())  # pylint: disable=protected-access
-                for name, s in slots.items()}
-      new_w, new_slots = self.rule(w, g, values, tf.cast(lr, var.dtype), step,
-                                   tf.constant(mask, var.dtype), norm)
-      for name, value in new_slots.items():
-        slots[name]._get().assign(value)  # pylint: disable=protected-access
-      if self.split:                      # the data peers' slices, gathered
-        new_w = tf.reshape(rt.data_sum(rt.as_row(new_w, rt.data_index(), rt.data)), [-1])
-        new_w = tf.reshape(new_w[:size], var.shape)
-      var.assign(new_w)
-
-  def state(self):
-    return [c for slots in self.slots for s in slots.values() for c in s.values]
-
-  def state_bytes_per_replica(self) -> int:
-    return int(sum(np.prod(s.values[0].shape) * s.dtype.size
-                   for slots in self.slots for s in slots.values()))

@@ -390,77 +390,121 @@ class StrategyRuntime:
 
 
 class ShardedUpdate:
-  """Weight-update sharding (ZeRO-1, "automatic cross-replica sharding of weight update"):
-  the trainable variables are flattened into one vector padded to a multiple of the replica
-  count; replica r owns elements [r*S, (r+1)*S) and keeps only that slice of the optimizer
-  state. Per step, on gradients already summed over replicas (on CPU TF has no reduce-scatter
-  kernel, so the reduce-scatter is the trainer's all-reduce followed by taking the slice): the
-  optimizer's own clipping on the whole gradient, its update rule on the slice with per-layer
-  norms (LARS/LAMB trust ratios) summed over replicas, then the updated slices all-gathered
-  and written back into every replica's weights.
+  """The optimizer's update where replicas hold slices or shards of what they update: the one
+  weight-update-sharding update (ZeRO-1, "automatic cross-replica sharding of weight update")
+  and the update of model/expert-parallel shards. The optimizer's flat rule (tf_optimizers:
+  the same formula as its per-variable update) runs on one flat vector of `tensors`, padded
+  to a multiple of the slicing group, with its slots (that slice's) in ON_READ variables:
 
-  `optimizer` is one of tf_optimizers' Keras optimizers: its exclusions say which elements are
-  decayed, and its `flat_update_rule` is the same update formula as its per-variable one.
+  - `group='replicas'`: the Keras model's replicated weights, on gradients already summed over
+    replicas (on CPU TF has no reduce-scatter kernel, so the reduce-scatter is the trainer's
+    all-reduce followed by taking the slice): replica r owns elements [r*S, (r+1)*S); the new
+    slices all-gathered and written into every replica's weights;
+  - `group='data'`: this replica's shards of the sharded weights (ShardedWeight.component), on
+    gradients summed over their data peers: data peer d owns slice d of the shards' vector;
+    the new slices gathered over the data peers;
+  - `group=None`: this replica's shards, updated whole by the replica holding them.
+  Per-tensor norms (LARS's and LAMB's trust ratios) are the squares of each tensor's elements
+  summed per tensor (segment sums) and then over the replicas holding its other parts: every
+  replica when sliced (each element has one owner), the shard's `norm_axis` peers when not.
+  `decayed`: per tensor, whether weight decay (and a trust ratio) applies. Without `step`
+  and `lr` at apply, the update counts its own iterations and reads `schedule`.
   """
 
-  def __init__(self, runtime, variables, optimizer, schedule):
-    self.runtime, self.variables, self.optimizer = runtime, variables, optimizer
+  def __init__(self, runtime, tensors, optimizer, decayed, group="replicas", norm_axis=None,
+               schedule=None, name="wus"):
+    self.runtime, self.tensors, self.optimizer = runtime, list(tensors), optimizer
     self.rule, slot_names = optimizer.flat_update_rule()
-    self.schedule = schedule
+    self.group, self.norm_axis, self.schedule = group, norm_axis, schedule
+    first = [t() for t in self.tensors[:1]]
     # the variables' own dtype (float32, or float64 in the equality tests)
-    self.dtype = tf.as_dtype(variables[0].dtype) if variables else tf.float32
-    n = runtime.num_replicas
-    sizes = [int(np.prod(v.shape)) for v in variables]
+    self.dtype = tf.as_dtype(first[0].dtype) if first else tf.float32
+    self.parts = {"replicas": runtime.num_replicas, "data": runtime.data}.get(group, 1)
+    self.shapes = [t().shape for t in self.tensors]
+    sizes = [int(np.prod(shape)) for shape in self.shapes]
     self.total = sum(sizes)
-    self.shard = -(-self.total // n)
-    padded = self.shard * n
-    layer = np.repeat(np.arange(len(variables)), sizes)
-    self.num_layers = len(variables) + 1                 # the padding is its own "layer"
+    self.shard = -(-self.total // self.parts)
+    padded = self.shard * self.parts
+    layer = np.repeat(np.arange(len(sizes)), sizes)
+    self.num_layers = len(sizes) + 1                 # the padding is its own "layer"
     self.layer_ids = tf.constant(np.pad(layer, (0, padded - self.total),
-                                        constant_values=len(variables)), tf.int32)
-    mask = np.repeat([float(optimizer._use_weight_decay(v)) for v in variables], sizes)  # pylint: disable=protected-access
+                                        constant_values=len(sizes)), tf.int32)
+    mask = np.repeat([float(d) for d in decayed], sizes)
     self.decay_mask = tf.constant(np.pad(mask, (0, padded - self.total)), self.dtype)
     on_read = dict(synchronization=tf.VariableSynchronization.ON_READ,
                    aggregation=tf.VariableAggregation.SUM, trainable=False)
     with runtime.strategy.scope():
-      self.slots = {name: tf.Variable(tf.zeros([self.shard], self.dtype), name=f"wus_{name}",
+      self.slots = {slot: tf.Variable(tf.zeros([self.shard], self.dtype), name=f"{name}_{slot}",
                                       **on_read)
-                    for name in slot_names}
-      self.iterations = tf.Variable(0, dtype=tf.int64, trainable=False, name="wus_iterations",
+                    for slot in slot_names}
+      self.iterations = tf.Variable(0, dtype=tf.int64, trainable=False,
+                                    name=f"{name}_iterations",
                                     aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+
+  def _index(self):
+    return {"replicas": self.runtime.replica_id,
+            "data": self.runtime.data_index}.get(self.group, lambda: 0)()
 
   def _flat(self, tensors):
     flat = tf.concat([tf.reshape(tf.cast(t, self.dtype), [-1]) for t in tensors], 0)
-    return tf.pad(flat, [[0, self.shard * self.runtime.num_replicas - self.total]])
+    return tf.pad(flat, [[0, self.shard * self.parts - self.total]])
 
   def _slice(self, flat):
-    return tf.slice(flat, [self.runtime.replica_id() * self.shard], [self.shard])
+    if self.parts == 1:
+      return flat
+    return tf.slice(flat, [self._index() * self.shard], [self.shard])
 
-  def apply(self, summed_grads):
-    """In replica context, with the gradients summed over all replicas."""
+  def _norm_sum(self, x):
     rt = self.runtime
-    grads = self.optimizer._clip_gradients(list(summed_grads))  # pylint: disable=protected-access
+    if self.parts > 1:
+      return rt.all_sum(x)
+    return rt.axis_sum(x, self.norm_axis) if self.norm_axis else x
+
+  def _gather(self, new):
+    rt = self.runtime
+    if self.parts == 1:
+      return new
+    if self.group == "replicas":
+      return rt.all_gather(new)
+    if self.group == "data":
+      return tf.reshape(rt.data_sum(rt.as_row(new, rt.data_index(), rt.data)), [-1])
+    return new
+
+  def apply(self, grads, step=None, lr=None):
+    """In replica context: `grads` (one per tensor, summed as the group needs) at update
+    count `step` (from 1) with learning rate `lr`, or the update's own count and schedule
+    (then the optimizer's clipping of the whole gradient first, as its own apply would)."""
+    if step is None:
+      grads = self.optimizer._clip_gradients(list(grads))  # pylint: disable=protected-access
+      step = self.iterations + 1
+      lr = self.schedule(self.iterations)
+      self.iterations.assign(step)
+    variables = [t() for t in self.tensors]
     g = self._slice(self._flat(grads))
-    w = self._slice(self._flat(self.variables))
+    w = self._slice(self._flat([tf.convert_to_tensor(v) for v in variables]))
     ids, mask = self._slice(self.layer_ids), self._slice(self.decay_mask)
 
     def layer_norm(x):
-      sums = rt.all_sum(tf.math.unsorted_segment_sum(tf.square(x), ids, self.num_layers))
+      sums = self._norm_sum(tf.math.unsorted_segment_sum(tf.square(x), ids, self.num_layers))
       return tf.gather(tf.sqrt(sums), ids)
 
-    step = self.iterations + 1
-    lr = tf.cast(self.schedule(self.iterations), self.dtype)
-    slots = {name: var.read_value() for name, var in self.slots.items()}
-    new_w, new_slots = self.rule(w, g, slots, lr, step, mask, layer_norm)
+    slots = {name: (var.read_value() if self.group == "replicas" else
+                    tf.convert_to_tensor(var._get()))  # pylint: disable=protected-access
+             for name, var in self.slots.items()}
+    new_w, new_slots = self.rule(w, g, slots, tf.cast(lr, self.dtype), step, mask, layer_norm)
     for name, value in new_slots.items():
-      self.slots[name].assign(value)
-    self.iterations.assign(step)
-    full = rt.all_gather(new_w)[:self.total]
+      slot = self.slots[name]
+      (slot._get() if self.group != "replicas" else slot).assign(value)  # pylint: disable=protected-access
+    full = self._gather(new_w)[:self.total]
     offset = 0
-    for var in self.variables:
-      size = int(np.prod(var.shape))
-      var.assign(tf.reshape(full[offset:offset + size], var.shape))
+    for var, shape in zip(variables, self.shapes):
+      size = int(np.prod(shape))
+      var.assign(tf.reshape(full[offset:offset + size], shape))
       offset += size
+
+  def state(self):
+    """The update's per-replica state (the slots' components)."""
+    return [c for s in self.slots.values() for c in s.values]
 
   def state_bytes_per_replica(self):
     return self.dtype.size * self.shard * len(self.slots)

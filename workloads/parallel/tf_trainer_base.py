@@ -18,7 +18,7 @@ On a model axis (tf_model_parallel.py) the model's layers make sharded weights; 
 differentiates them beside the Keras weights (`watch_variables`), sums a shard's gradient over
 its data peers and a whole weight's over all replicas divided by the model size (model peers
 see the same examples), clips both by one global norm where the optimizer clips, and updates
-the shards with tf_model_parallel.ShardedWeightsUpdate.
+the shards with tf_runtime.ShardedUpdate (the sliced update weight-update sharding uses too).
 
 Evaluation runs in three phases, as in jax_trainer_base.py: `eval_step(batch)` per replica;
 `accumulate(acc, outputs)`; `finalize(acc)`. By default eval_step returns [correct, counted],
@@ -38,7 +38,7 @@ from harness import mesh, pipeline as gpipe
 from harness.workload import Description, PipelineDescription, is_synthetic
 from workloads.common import moe
 from workloads.common.batching import eval_batches_per_host, host_batch_size
-from workloads.parallel import tf_layers, tf_model_parallel, tf_pipeline, tf_runtime
+from workloads.parallel import tf_layers, tf_pipeline, tf_runtime
 from workloads.parallel.tf_flops import graph_flops, model_flops
 
 
@@ -155,12 +155,20 @@ class StrategyTrainer:
       self.model = self.make_model(rt if rt.distributed else None)
       self.optimizer, schedule = self.make_optimizer()
       if rt.weight_update_sharding:
-        self.sharded = tf_runtime.ShardedUpdate(rt, self.model.trainable_variables,
-                                                self.optimizer, schedule)
+        variables = self.model.trainable_variables
+        self.sharded = tf_runtime.ShardedUpdate(
+            rt, [lambda v=v: v for v in variables], self.optimizer,
+            [self.optimizer._use_weight_decay(v) for v in variables],  # pylint: disable=protected-access
+            group="replicas", schedule=schedule)
       else:
         self.optimizer.build(self.model.trainable_variables)
-    self.model_update = (tf_model_parallel.ShardedWeightsUpdate(rt, self.optimizer,
-                                                                self.decayed_shard)
+    # the shards of model/expert-parallel weights: the same update, on each replica's shards
+    # (split over their data peers with weight-update sharding), at the whole weights' step
+    self.model_update = (tf_runtime.ShardedUpdate(
+        rt, [w.component for w in rt.sharded_weights], self.optimizer,
+        [self.decayed_shard(w.name) for w in rt.sharded_weights],
+        group="data" if rt.weight_update_sharding and rt.data > 1 else None,
+        norm_axis=rt.sharded_weights[0].axis, name="shards")
                          if rt.sharded_weights else None)
     jit = self.cfg.train.jit_compile and not rt.distributed
     # a pipeline's ops are placed on its stage devices: XLA would put them on one
