@@ -416,11 +416,11 @@ class ShardedUpdate:
     self.runtime, self.tensors, self.optimizer = runtime, list(tensors), optimizer
     self.rule, slot_names = optimizer.flat_update_rule()
     self.group, self.norm_axis, self.schedule = group, norm_axis, schedule
-    first = [t() for t in self.tensors[:1]]
+    variables = [t() for t in self.tensors]
     # the variables' own dtype (float32, or float64 in the equality tests)
-    self.dtype = tf.as_dtype(first[0].dtype) if first else tf.float32
+    self.dtype = tf.as_dtype(variables[0].dtype) if variables else tf.float32
     self.parts = {"replicas": runtime.num_replicas, "data": runtime.data}.get(group, 1)
-    self.shapes = [t().shape for t in self.tensors]
+    self.shapes = [v.shape for v in variables]
     sizes = [int(np.prod(shape)) for shape in self.shapes]
     self.total = sum(sizes)
     self.shard = -(-self.total // self.parts)
@@ -437,9 +437,10 @@ class ShardedUpdate:
       self.slots = {slot: tf.Variable(tf.zeros([self.shard], self.dtype), name=f"{name}_{slot}",
                                       **on_read)
                     for slot in slot_names}
-      self.iterations = tf.Variable(0, dtype=tf.int64, trainable=False,
-                                    name=f"{name}_iterations",
-                                    aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+      # its own update count, where it runs on its own schedule (not at a caller's step)
+      self.iterations = None if schedule is None else tf.Variable(
+          0, dtype=tf.int64, trainable=False, name=f"{name}_iterations",
+          aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
 
   def _index(self):
     return {"replicas": self.runtime.replica_id,

@@ -163,7 +163,9 @@ class StrategyTrainer:
       else:
         self.optimizer.build(self.model.trainable_variables)
     # the shards of model/expert-parallel weights: the same update, on each replica's shards
-    # (split over their data peers with weight-update sharding), at the whole weights' step
+    # (split over their data peers with weight-update sharding), at the whole weights' step;
+    # one axis for all of them (harness.mesh.COMPOSITION: TF's expert axis runs without model)
+    assert len({w.axis for w in rt.sharded_weights}) <= 1
     self.model_update = (tf_runtime.ShardedUpdate(
         rt, [w.component for w in rt.sharded_weights], self.optimizer,
         [self.decayed_shard(w.name) for w in rt.sharded_weights],
