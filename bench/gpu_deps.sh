@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # What a JAX accelerator image (JAX, flax, optax, numpy, scipy; no TensorFlow) lacks for the
-# harness's own JAX runs: mlperf-logging (the compliance log) and PyYAML (the rules files), at
+# harness's own JAX runs: mlperf-logging (the compliance log), PyYAML (the rules files) and
+# pycocotools (SSD's COCO mAP, imported with its workload), at
 # requirements.txt's pins. A JAX run imports TensorFlow only where a pipeline reads files, pandas
 # only to upgrade an older result CSV, tensorboardX only with --tensorboard
 # (tests/parallel/test_jax_without_tensorflow.py). Run here, where PyPI is reachable; it installs
@@ -12,7 +13,7 @@
 # (the device tool's `carry: [".gpu_deps"]`). GPU_DEPS_DIR=DIR installs elsewhere.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-pins=$(grep -E '^(mlperf-logging|PyYAML)==' requirements.txt | cut -d' ' -f1)
+pins=$(grep -E '^(mlperf-logging|PyYAML|pycocotools)==' requirements.txt | cut -d' ' -f1)
 for version in ${@:-3.10 3.11 3.12 3.13}; do
   target="${GPU_DEPS_DIR:-.gpu_deps}/cp${version/./}"
   rm -rf "$target"

@@ -100,6 +100,8 @@ def bare_step(name, batch, args, folder):
              "--out", out]
   for item in args.set:
     command += ["--set", item]
+  if args.profile:
+    command += ["--profile", args.profile]
   ok, tail = run(command, args.timeout)
   if not ok or not os.path.exists(out):
     print(f"  {name}: the bare step failed:\n    " + tail.replace("\n", "\n    "), flush=True)
@@ -139,6 +141,15 @@ DIGITS = {"harness_samples_per_s": 1, "bare_samples_per_s": 1, "harness_mfu": 3,
           "mfu_over_anchor": 2}
 
 
+def write_csv(path, rows):
+  with open(path, "w", newline="") as f:
+    writer = csv.writer(f)
+    writer.writerow(COLUMNS)
+    for r in rows:
+      writer.writerow(["" if r[c] is None else (f"{r[c]:.6g}" if isinstance(r[c], float)
+                                                else r[c]) for c in COLUMNS])
+
+
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -154,6 +165,9 @@ def main(argv=None):
                       help="config overrides for both runs (run_benchmark.py's --set)")
   parser.add_argument("--out", default="bench_gpu_harness.csv", help="CSV of the table")
   parser.add_argument("--timeout", type=int, default=300, help="seconds a command may take")
+  parser.add_argument("--profile", default="", metavar="FILE",
+                      help="the bare steps' trace summaries, appended to FILE "
+                           "(bench/gpu_models.py --profile)")
   args = parser.parse_args(argv)
   names = [n.strip() for n in args.workloads.split(",") if n.strip()]
   unknown = [n for n in names if n not in gpu_models.WORKLOADS]
@@ -180,6 +194,9 @@ def main(argv=None):
       if harness is None or bare is None:
         failed.append(name)
       rows.append(compare(name, batches[name], harness, bare))
+      write_csv(args.out, rows)         # each workload's row as it comes: a cut run keeps them
+      print(f"  {name}: " + ", ".join(f"{c} {gpu_models.fmt(rows[-1][c], DIGITS.get(c, 0))}"
+                                      for c in COLUMNS[3:8]), flush=True)
 
   print()
   cells = [COLUMNS] + [tuple(gpu_models.fmt(r[c], DIGITS.get(c, 0)) if r[c] != "" else "n/a"
@@ -195,12 +212,7 @@ def main(argv=None):
     missed = verdicts(r)
     print(f"{r['workload']}: " + (f"missed: {missed}" if missed else "goals met")
           + f" (anchor: {ANCHORS[r['workload']][2]})")
-  with open(args.out, "w", newline="") as f:
-    writer = csv.writer(f)
-    writer.writerow(COLUMNS)
-    for r in rows:
-      writer.writerow(["" if r[c] is None else (f"{r[c]:.6g}" if isinstance(r[c], float)
-                                                else r[c]) for c in COLUMNS])
+  write_csv(args.out, rows)
   print(f"\nwrote {args.out}" + (f"; failed: {', '.join(failed)}" if failed else ""))
   return 1 if failed else 0
 

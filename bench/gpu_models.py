@@ -33,7 +33,7 @@ transformer.mini_corpus (the synthetic packed rows); no TensorFlow.
 
   python bench/gpu_models.py [--workloads bert,efficientnet,resnet50,ssd,transformer]
       [--steps 20] [--batch resnet50=256,bert=32] [--dtype bfloat16|float32]
-      [--out bench_gpu.csv] [--preset reference] [--set KEY=VALUE ...]
+      [--out bench_gpu.csv] [--preset reference] [--set KEY=VALUE ...] [--profile FILE]
 """
 import argparse
 import csv
@@ -48,15 +48,21 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-import jax  # noqa: E402  pylint: disable=wrong-import-position
+from harness import devices  # noqa: E402  pylint: disable=wrong-import-position
+
+devices.prepare_jax_gpu()   # the harness's GPU XLA flags, so the bare step is its like-for-like peer
+
+import jax  # noqa: E402  pylint: disable=wrong-import-position,wrong-import-order
 import jax.numpy as jnp  # noqa: E402  pylint: disable=wrong-import-position
 import optax  # noqa: E402  pylint: disable=wrong-import-position
 
-from harness import devices, registry  # noqa: E402  pylint: disable=wrong-import-position
+from bench import trace_summary  # noqa: E402  pylint: disable=wrong-import-position
+from harness import registry  # noqa: E402  pylint: disable=wrong-import-position
 
 # Per-device batches that fit an 80 GB GPU in bf16 without rematerialisation.
 DEFAULT_BATCH = {"resnet50": 256, "bert": 32, "transformer": 64, "ssd": 64, "efficientnet": 128}
 WARMUP_STEPS = 2
+PROFILE_STEPS = 3                 # steps traced by --profile, after the timed ones
 # XLA's backend optimisation level 0 for the one-off parameter initialisation (as
 # jax_trainer_base.initial_state): the same values, a much shorter compile on CPU.
 LEVEL_0 = {"xla_backend_optimization_level": 0}
@@ -295,8 +301,52 @@ def compile_init(create, key):
     return jax.jit(create).lower(key).compile()
 
 
-def bench(name, batch, dtype, steps, seed=0):
-  """-> the table row of one workload."""
+def bytes_accessed(compiled):
+  """XLA's estimate of the bytes the compiled step reads and writes (its cost analysis: each
+  fusion's and library call's operands and results), or None where it answers nothing."""
+  try:
+    analysis = compiled.cost_analysis()
+    analysis = analysis[0] if isinstance(analysis, (list, tuple)) else analysis
+    value = float((analysis or {}).get("bytes accessed", 0.0))
+    return value or None
+  except Exception:  # pylint: disable=broad-except
+    return None
+
+
+def profile(name, batch, compiled, state, data, step_s, path):
+  """Traces PROFILE_STEPS steps with jax.profiler and appends to `path` where the device's time
+  goes (bench/trace_summary.py) and the step's bytes over its time against the device's HBM
+  bandwidth. -> the state after the traced steps (donated in, so it must be carried on)."""
+  import tempfile  # pylint: disable=import-outside-toplevel
+  kind = jax.devices()[0].device_kind
+  moved, bandwidth = bytes_accessed(compiled), devices.peak_bandwidth(kind)
+  lines = [f"{name} bare step, batch {batch}, {kind}: {step_s * 1e3:.2f} ms a step"]
+  if moved:
+    rate = moved / step_s
+    lines.append(f"  bytes accessed (XLA's estimate, compiled step) {moved / 1e9:.2f} GB a step: "
+                 f"{rate / 1e12:.2f} TB/s" + (f" = {rate / bandwidth:.0%} of the card's "
+                                               f"{bandwidth / 1e12:.2f} TB/s" if bandwidth else ""))
+  with tempfile.TemporaryDirectory(prefix="trace-") as folder:
+    try:
+      with jax.profiler.trace(folder, create_perfetto_trace=True):
+        for _ in range(PROFILE_STEPS):
+          state, loss = compiled(state, data)
+        jax.block_until_ready((state, loss))
+      found = trace_summary.trace_file(folder)
+      summary = trace_summary.summarize(trace_summary.load_events(found), PROFILE_STEPS) \
+          if found else None
+      lines.append(trace_summary.format_summary(f"  trace of {PROFILE_STEPS} steps", summary))
+    except Exception as e:  # pylint: disable=broad-except  # a profiler-less build: say so
+      lines.append(f"  trace failed: {type(e).__name__}: {str(e)[:300]}")
+  text = "\n".join(lines)
+  print(text, flush=True)
+  with open(path, "a") as f:
+    f.write(text + "\n\n")
+  return state
+
+
+def bench(name, batch, dtype, steps, seed=0, profile_path=None):
+  """-> the table row of one workload (and, with `profile_path`, its trace summary there)."""
   t0 = time.perf_counter()
   w = BUILDERS[name](batch, dtype, np.random.default_rng(seed + 1))
   check_layout(w["spec"], w["cfg"], w["batch"], batch)
@@ -331,6 +381,8 @@ def bench(name, batch, dtype, steps, seed=0):
   elapsed = time.perf_counter() - start
 
   step_s = elapsed / steps
+  if profile_path:
+    state = profile(name, batch, compiled, state, data, step_s, profile_path)
   peak = devices.peak_flops(jax.devices()[0].device_kind)
   achieved = flops / step_s if flops else None
   mem = memory_gb(compiled)
@@ -404,6 +456,10 @@ def main(argv=None):
                            "reference; tiny for a quick check on a CPU)")
   parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                       help="config overrides, as run_benchmark.py's --set")
+  parser.add_argument("--profile", default="", metavar="FILE",
+                      help=f"after the timed steps trace {PROFILE_STEPS} more with jax.profiler "
+                           "and append to FILE where the device's time goes (kernels by time, "
+                           "busy fraction, bytes against the card's bandwidth)")
   args = parser.parse_args(argv)
   SHAPES[:] = [args.preset, args.set]
   names = [n.strip() for n in args.workloads.split(",") if n.strip()]
@@ -428,7 +484,7 @@ def main(argv=None):
   rows, failures = [], []
   for name in names:
     try:
-      rows.append(bench(name, batches[name], dtype, args.steps))
+      rows.append(bench(name, batches[name], dtype, args.steps, profile_path=args.profile))
     except Exception as e:  # pylint: disable=broad-except
       message = " ".join(f"{type(e).__name__}: {e}".split())
       failures.append(name)

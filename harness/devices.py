@@ -35,6 +35,21 @@ PEAK_FLOPS = (
 )
 
 
+# HBM bandwidth of one device in bytes/s (the data sheets'), by the same name matching: what a
+# bandwidth-bound step (ResNet-50, EfficientNet) is measured against (bench/gpu_models.py
+# --profile). This workplace's H100 copied device to device at about 3.0 TB/s (KINDS.md).
+PEAK_BANDWIDTH = (
+    ("H100 PCIE", 2.0e12), ("H100", 3.35e12), ("H200", 4.8e12),
+    ("A100-SXM4-80GB", 2.039e12), ("A100", 1.555e12),
+)
+
+
+def peak_bandwidth(device_kind: str):
+  """HBM bytes/s of one device of `device_kind`, or None where the table has no such device."""
+  kind = (device_kind or "").upper()
+  return next((bw for name, bw in PEAK_BANDWIDTH if name in kind), None)
+
+
 def peak_flops(device_kind: str, precision: str = "bfloat16"):
   """Peak FLOP/s of one device of `device_kind` ('NVIDIA H100 80GB HBM3') at `precision`,
   or None where the table has no such device."""

@@ -41,6 +41,14 @@ def test_mfu_is_model_flops_times_samples_over_the_peak():
   assert devices.mfu(None, 7160, "NVIDIA H200", 1, "bfloat16") is None
 
 
+def test_peak_bandwidth_matches_the_device_kind_most_specific_first():
+  assert devices.peak_bandwidth("NVIDIA H100 80GB HBM3") == 3.35e12
+  assert devices.peak_bandwidth("NVIDIA H100 PCIe") == 2.0e12
+  assert devices.peak_bandwidth("NVIDIA A100-SXM4-80GB") == 2.039e12
+  assert devices.peak_bandwidth("NVIDIA A100-SXM4-40GB") == 1.555e12
+  assert devices.peak_bandwidth("cpu") is None
+
+
 def test_describe_prints_the_peak_and_the_samples_per_s_of_full_mfu():
   from types import SimpleNamespace
   from harness import cli

@@ -17,8 +17,8 @@ def test_one_command_runs_the_harness_and_the_bare_step(tmp_path):
   proc = subprocess.run(
       [sys.executable, "bench/gpu_harness.py", "--workloads", "resnet50", "--preset", "tiny",
        "--set", "data.source=synthetic", "--steps", "3", "--batch", "resnet50=4",
-       "--out", str(out)], cwd=ROOT, env=clean_env(), capture_output=True, text=True,
-      timeout=600)
+       "--out", str(out), "--profile", str(tmp_path / "profile.txt")], cwd=ROOT,
+      env=clean_env(), capture_output=True, text=True, timeout=600)
   assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
   with open(out, newline="") as f:
     (row,) = list(csv.DictReader(f))
@@ -29,6 +29,10 @@ def test_one_command_runs_the_harness_and_the_bare_step(tmp_path):
   assert row["harness_mfu"] == "" and row["mfu_over_anchor"] == ""   # a CPU has no peak here
   assert float(row["mfu_goal"]) == 0.19 and float(row["anchor_mfu"]) == 0.192
   assert "resnet50: missed: harness/bare" in proc.stdout or "resnet50: goals met" in proc.stdout
+  # the bare step's trace: XLA:CPU's ops run on host threads, so no /device: kernels here
+  profile = (tmp_path / "profile.txt").read_text()
+  assert profile.startswith("resnet50 bare step, batch 4, cpu: ")
+  assert "trace of 3 steps: the trace has no device kernels" in profile, profile
 
 
 def test_table_row_ratios_and_verdicts():
