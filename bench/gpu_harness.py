@@ -26,6 +26,7 @@ is then 1.
 """
 import argparse
 import csv
+import math
 import os
 import subprocess
 import sys
@@ -53,13 +54,17 @@ HARNESS_GOAL = 0.95
 
 
 def run(command, timeout):
-  """(ok, output tail) of a command run from the repository root."""
+  """(ok, its output) of a command run from the repository root."""
   try:
     proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
   except subprocess.TimeoutExpired:
     return False, f"timed out after {timeout} s"
-  tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-6:])
-  return proc.returncode == 0, tail
+  return proc.returncode == 0, (proc.stdout + proc.stderr).strip()
+
+
+def last_lines(text, n=6):
+  """The last `n` lines of a command's output, without XLA's autotuning timer warnings."""
+  return "\n".join([line for line in text.splitlines() if "cuda_timer.cc" not in line][-n:])
 
 
 def read_row(path):
@@ -69,10 +74,12 @@ def read_row(path):
 
 
 def number(text):
+  """A cell's float; None where it is blank, not a number or NaN (nothing measured)."""
   try:
-    return float(text)
+    value = float(text)
   except (TypeError, ValueError):
     return None
+  return None if math.isnan(value) else value
 
 
 def harness_run(name, batch, args, folder):
@@ -84,11 +91,14 @@ def harness_run(name, batch, args, folder):
              "--log-dir", os.path.join(folder, "logs")]
   for item in args.set:
     command += ["--set", item]
-  ok, tail = run(command, args.timeout)
+  ok, output = run(command, args.timeout)
   row = read_row(results) if ok and os.path.exists(results) else {}
   if not ok or row.get("status") != "success":
-    print(f"  {name}: the harness run failed:\n    " + tail.replace("\n", "\n    "), flush=True)
+    print(f"  {name}: the harness run failed:\n    " + last_lines(output).replace("\n", "\n    "),
+          flush=True)
     return None
+  print("    " + "\n    ".join(line for line in output.splitlines() if "steps |" in line),
+        flush=True)
   return row
 
 
@@ -102,10 +112,13 @@ def bare_step(name, batch, args, folder):
     command += ["--set", item]
   if args.profile:
     command += ["--profile", args.profile]
-  ok, tail = run(command, args.timeout)
+  ok, output = run(command, args.timeout)
   if not ok or not os.path.exists(out):
-    print(f"  {name}: the bare step failed:\n    " + tail.replace("\n", "\n    "), flush=True)
+    print(f"  {name}: the bare step failed:\n    " + last_lines(output).replace("\n", "\n    "),
+          flush=True)
     return None
+  print("    " + "\n    ".join(line for line in output.splitlines() if " params; " in line),
+        flush=True)
   return read_row(out)
 
 
@@ -127,8 +140,10 @@ def compare(name, batch, harness, bare):
 
 
 def verdicts(row):
-  """'' or the goals a row misses, in words."""
-  missed = []
+  """'' or the goals a row misses (or could not measure), in words."""
+  missed = [f"{what} not measured" for what, key in (("harness/bare", "harness_over_bare"),
+                                                     ("MFU", "harness_mfu"))
+            if row[key] is None and (key != "harness_mfu" or row["mfu_goal"])]
   if row["harness_over_bare"] is not None and row["harness_over_bare"] < HARNESS_GOAL:
     missed.append(f"harness/bare {row['harness_over_bare']:.2f} < {HARNESS_GOAL}")
   if row["harness_mfu"] is not None and row["mfu_goal"] and row["harness_mfu"] < row["mfu_goal"]:

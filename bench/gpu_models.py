@@ -58,6 +58,7 @@ import optax  # noqa: E402  pylint: disable=wrong-import-position
 
 from bench import trace_summary  # noqa: E402  pylint: disable=wrong-import-position
 from harness import registry  # noqa: E402  pylint: disable=wrong-import-position
+from workloads.parallel import jax_flops  # noqa: E402  pylint: disable=wrong-import-position
 
 # Per-device batches that fit an 80 GB GPU in bf16 without rematerialisation.
 DEFAULT_BATCH = {"resnet50": 256, "bert": 32, "transformer": 64, "ssd": 64, "efficientnet": 128}
@@ -73,42 +74,6 @@ COLUMNS = ("workload", "batch", "step_ms", "samples_per_s", "gflop_per_sample", 
 
 
 # ----------------------------------------------------------------------------- device
-
-def flops_of(analysis):
-  """The 'flops' of a cost_analysis() answer (a dict, or a list of dicts per program)."""
-  if analysis is None:
-    return None
-  if isinstance(analysis, (list, tuple)):
-    values = [a.get("flops") for a in analysis if a]
-    values = [v for v in values if v is not None]
-    return float(sum(values)) if values else None
-  value = analysis.get("flops")
-  return None if value is None else float(value)
-
-
-def step_flops(train_step, lowered, *args):
-  """(FLOPs of one step, where the figure comes from): the model's FLOPs as the program states
-  them, before the backend rewrites it. On a GPU the compiled program's convolutions and
-  matmuls are cuDNN/cuBLAS custom calls that XLA's cost analysis does not count (an H200:
-  ResNet-50 0.41 GFLOP a sample compiled, 23.75 lowered; 3 x the forward's 8.2 is 24.6), so the
-  lowered program's cost analysis. Where the backend answers nothing for it (an H200 under JAX
-  0.11.2, 2026-11-26; PJRT plugins may raise), the step's jaxpr counted by
-  jax.experimental.roofline: the same ops before any backend sees them, on every platform."""
-  try:
-    flops = flops_of(lowered.cost_analysis())
-  except Exception:  # pylint: disable=broad-except  # NotImplementedError on some plugins
-    flops = None
-  if flops:
-    return flops, "lowered cost analysis"
-  from jax.experimental import roofline    # pylint: disable=import-outside-toplevel
-  level = logging.getLogger().level
-  logging.getLogger().setLevel(logging.ERROR)   # it warns once per op it has no rule for
-  try:
-    flops = roofline.roofline(train_step)(*args)[1].unfused_flops
-  finally:
-    logging.getLogger().setLevel(level)
-  return (float(flops), "jaxpr roofline") if flops else (None, "no count")
-
 
 def memory_gb(compiled):
   """Device memory the compiled step uses (arguments + outputs + temporaries, aliased bytes
@@ -369,7 +334,7 @@ def bench(name, batch, dtype, steps, seed=0, profile_path=None):
   lowered = jax.jit(make_train_step(w["loss"], tx), donate_argnums=0).lower(state, data)
   compiled = lowered.compile()
   t2 = time.perf_counter()
-  flops, source = step_flops(make_train_step(w["loss"], tx), lowered, state, data)
+  flops, source = jax_flops.step_flops(make_train_step(w["loss"], tx), lowered, state, data)
 
   for _ in range(WARMUP_STEPS):
     state, loss = compiled(state, data)

@@ -174,9 +174,9 @@ def test_gpu_models_counts_a_step_from_its_jaxpr_where_the_backend_does_not():
   # forward x.w1 and h.w2; backward dw2, dh and dw1 (no dx): the matmuls, plus a few
   # elementwise ops on [batch, d2]
   matmuls = 2 * batch * (2 * d1 * d2 + 3 * d2 * d3)
-  flops, source = gpu_models.step_flops(step, Unanswered(), params, x)
+  flops, source = jax_flops.step_flops(step, Unanswered(), params, x)
   assert source == "jaxpr roofline" and matmuls <= flops <= 1.05 * matmuls
-  lowered_flops, source = gpu_models.step_flops(step, jax.jit(step).lower(params, x), params, x)
+  lowered_flops, source = jax_flops.step_flops(step, jax.jit(step).lower(params, x), params, x)
   assert source == "lowered cost analysis" and matmuls <= lowered_flops <= 1.05 * matmuls
 
 
@@ -195,8 +195,8 @@ def test_gpu_models_jaxpr_count_of_resnet50_agrees_with_the_lowered_program():
   state = jax.eval_shape(create, jax.random.key(0))          # shapes only: nothing compiled
   step = gpu_models.make_train_step(w["loss"], w["tx"])
   lowered = jax.jit(step).lower(state, w["batch"])
-  flops, _ = gpu_models.step_flops(step, lowered, state, w["batch"])
-  jaxpr_flops, source = gpu_models.step_flops(step, None, state, w["batch"])
+  flops, _ = jax_flops.step_flops(step, lowered, state, w["batch"])
+  jaxpr_flops, source = jax_flops.step_flops(step, None, state, w["batch"])
   assert source == "jaxpr roofline"
   assert 0.95 * 24.6e9 < flops / 2 < 24.6e9       # a sample: 3 x the forward's 4.1 GMAC x 2
   assert 0.99 * flops < jaxpr_flops <= flops               # elementwise ops counted apart

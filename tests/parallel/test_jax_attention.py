@@ -67,6 +67,22 @@ def test_path_chosen_per_backend_and_dtype(monkeypatch):
     choose(jnp.float32, False)
 
 
+def test_cudnn_gets_the_whole_mask_and_a_decode_step_gets_xla(monkeypatch):
+  """cuDNN's fused attention takes a mask as a bias of the whole [Lq, Lk] (JAX 0.11.2 on an H100
+  refused BERT's [B, 1, 1, Lk] padding mask), so attend broadcasts it; one query goes to XLA."""
+  calls = []
+  monkeypatch.setattr(jax.nn, "dot_product_attention",
+                      lambda q, k, v, mask, scale, implementation: calls.append(
+                          (mask.shape, implementation)) or q)
+  monkeypatch.setenv(jax_attention.OVERRIDE_ENV, "cudnn")
+  padding = jnp.asarray(masks(3, 8)["padding"])
+  for lq in (8, 1):
+    q = jnp.zeros((3, lq, 2, 4), jnp.bfloat16)
+    k = jnp.zeros((3, 8, 2, 4), jnp.bfloat16)
+    jax_attention.attend(q, k, k, padding, None, scale=0.5, dropout_active=False)
+  assert calls == [((3, 1, 8, 8), "cudnn"), ((3, 1, 1, 8), "xla")]
+
+
 def both_paths(monkeypatch, fn):
   """fn() traced with the library op, then with the portable path."""
   monkeypatch.setenv(jax_attention.OVERRIDE_ENV, "xla")

@@ -99,6 +99,24 @@ def test_describe_counts_the_whole_step_on_any_device_count(data_parallel, singl
   assert 0.95 < eight / one < 1.3
 
 
+def test_describe_off_cpu_counts_the_program_before_the_backend(single_trainer, monkeypatch):
+  """Off a CPU on one device the count is the lowered program's (a GPU's compiled step hides
+  its matmuls and convolutions in library calls), else the jaxpr's roofline count where the
+  backend answers nothing for it (JAX 0.11.2 on an H100: the harness's MFU was NaN)."""
+  compiled = single_trainer.describe().train_flops_per_example
+  monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+  lowered = single_trainer.describe().train_flops_per_example
+  assert 0.8 < lowered / compiled < 1.2        # fusion changes how elementwise ops count
+
+  class Unanswered:
+    def cost_analysis(self):
+      raise NotImplementedError
+
+  monkeypatch.setattr(single_trainer, "_train_lowered", Unanswered())
+  counted = single_trainer.describe().train_flops_per_example
+  assert 0.9 < counted / lowered <= 1.0           # a few elementwise ops have no roofline rule
+
+
 def test_weight_update_sharding_equals_unsharded_and_cuts_state_8x(single_device):
   sharded = trained(mesh="data=8", weight_update_sharding=True)
   assert_params_close(params_of(sharded), single_device)

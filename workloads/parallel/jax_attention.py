@@ -51,6 +51,12 @@ def attend(q, k, v, mask, portable, *, scale: float, dropout_active: bool):
   chosen = implementation(q.dtype, dropout_active)
   if chosen == PORTABLE:
     return portable(q, k, v, mask)
+  if chosen == CUDNN and q.shape[1] == 1:
+    chosen = XLA        # a decode step's one query: a matrix-vector product, nothing to tile
+  if chosen == CUDNN and mask is not None:
+    # cuDNN takes a mask as an additive bias of the whole [Lq, Lk] (JAX 0.11.2 on an H100
+    # refused the padding mask's [B, 1, 1, Lk]: "Bias must have same seq length as QKV")
+    mask = jnp.broadcast_to(mask, mask.shape[:2] + (q.shape[1], k.shape[1]))
   return jax.nn.dot_product_attention(q, k, v, mask=mask, scale=scale, implementation=chosen)
 
 

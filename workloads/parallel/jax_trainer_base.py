@@ -35,7 +35,7 @@ from jax.experimental import multihost_utils
 from harness import mesh, pipeline as gpipe
 from harness.workload import Description, PipelineDescription, is_synthetic
 from workloads.common import host_tf, moe
-from workloads.parallel import jax_runtime
+from workloads.parallel import jax_flops, jax_runtime
 
 # tf.data only feeds the host here, and only where a pipeline reads files (workloads/common/
 # host_tf.py): TensorFlow, if it loads, is kept off any GPU so JAX has all their memory.
@@ -197,7 +197,7 @@ class MeshTrainer:
       lowered = jax.jit(train_step, donate_argnums=0, out_shardings=(
           state_shardings, self.runtime.replicated)).lower(
               self.state, self.batch_shapes(self.cfg.train.global_batch_size))
-    self._train_lowered = lowered
+    self._train_lowered, self._train_fn = lowered, train_step
     self._train_step = lowered.compile(compiler_options=options)
     # describe reads the train step's program only; a synthetic run has no eval split
     # (evaluate() refuses it), so its eval step would be compiled and never run
@@ -321,23 +321,23 @@ class MeshTrainer:
         shift_source="collective permutes, one an iteration, bubbles included")
 
   def _train_step_flops(self):
-    """FLOPs of the whole train step (every device's) from XLA's cost analysis. The compiled
-    program's analysis is one device's share (x devices). Off a CPU, on one device, the
-    lowered program's instead, as the backend has not rewritten it: a GPU's compiled matmuls
-    and convolutions are cuBLAS/cuDNN custom calls the analysis does not count (ResNet-50 on an
-    H200: 0.41 GFLOP a sample compiled, 23.75 lowered; bench/gpu_models.py). (Across devices
-    the lowered program mixes global shapes with shard_map's per-device ones, so there it is
-    the compiled one's figure, undercounted on a GPU.) NaN where the backend answers
-    nothing."""
-    lowered = jax.default_backend() != "cpu" and self.num_devices == 1
-    program = self._train_lowered if lowered else self._train_step
+    """FLOPs of the whole train step (every device's). On a CPU, or across devices, from XLA's
+    cost analysis of the compiled program (one device's share, x devices). Off a CPU on one
+    device the program's own count before the backend rewrites it (jax_flops.step_flops: a
+    GPU's compiled matmuls and convolutions are cuBLAS/cuDNN calls the compiled analysis
+    does not count). (Across devices the lowered program mixes global shapes with
+    shard_map's per-device ones, so there it is the compiled one's figure, undercounted on a
+    GPU.) NaN where nothing answers."""
+    if jax.default_backend() != "cpu" and self.num_devices == 1:
+      with self.runtime.tracing():
+        flops, _ = jax_flops.step_flops(self._train_fn, self._train_lowered, self.state,
+                                        self.batch_shapes(self.cfg.train.global_batch_size))
+      return float("nan") if flops is None else flops
     try:
-      cost = program.cost_analysis()
+      flops = jax_flops.flops_of(self._train_step.cost_analysis())
     except Exception:  # pylint: disable=broad-except  # some PJRT plugins raise
-      cost = None
-    cost = cost[0] if isinstance(cost, (list, tuple)) and cost else cost
-    flops = float(cost.get("flops", float("nan"))) if cost else float("nan")
-    return flops if lowered else flops * self.num_devices
+      flops = None
+    return float("nan") if flops is None else flops * self.num_devices
 
   def describe(self):
     """The compiled step's cost analysis, HLO and memory analysis, and the layout: bytes per
