@@ -21,7 +21,8 @@ import re
 # first match wins: attention before convolution (cuDNN's fused attention kernels name cudnn)
 CATEGORIES = (
     ("attention", re.compile(r"flash|fmha|sdpa|attention|softmax", re.I)),
-    ("convolution", re.compile(r"conv|dgrad|wgrad|fprop|cudnn", re.I)),
+    # conv but not XLA's convert fusions (the H100 run of 2026-11-27 counted those as convolutions)
+    ("convolution", re.compile(r"conv(?!ert)|dgrad|wgrad|fprop|cudnn", re.I)),
     ("matmul", re.compile(r"gemm|cublas|cutlass|nvjet|xmma|wgmma|matmul|\bdot", re.I)),
     ("collective", re.compile(r"nccl|all-reduce|all_reduce|all-gather|reduce-scatter", re.I)),
     ("copy", re.compile(r"copy|memcpy|memset|transpose", re.I)),

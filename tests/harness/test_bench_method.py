@@ -157,7 +157,7 @@ def test_all_py_checks_its_workloads_and_reads_gpu_rows(capsys, tmp_path):
 def test_gpu_models_counts_a_step_from_its_jaxpr_where_the_backend_does_not():
   import jax
   import jax.numpy as jnp
-  from bench import gpu_models
+  from workloads.parallel import jax_flops
   batch, d1, d2, d3 = 8, 64, 128, 32
 
   def step(params, x):
@@ -184,6 +184,7 @@ def test_gpu_models_jaxpr_count_of_resnet50_agrees_with_the_lowered_program():
   import jax
   import jax.numpy as jnp
   from bench import gpu_models
+  from workloads.parallel import jax_flops
   w = gpu_models.BUILDERS["resnet50"](2, jnp.bfloat16, np.random.default_rng(1))
 
   def create(key):

@@ -38,6 +38,9 @@ def test_busy_time_is_the_union_of_the_device_kernels_intervals():
   assert summary["categories"] == pytest.approx(
       {"matmul": 0.04, "convolution": 0.015, "fusion": 0.01, "copy": 0.005})
   assert "PjitFunction(train_step)" not in [name for name, *_ in top]
+  assert trace_summary.category("loop_convert_multiply_fusion_23") == "fusion"
+  assert trace_summary.category("wgrad2d_c1_k1_nhwc") == "convolution"
+  assert trace_summary.category("nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_TNT") == "matmul"
 
 
 def test_the_newest_trace_file_is_found_and_read(tmp_path):
