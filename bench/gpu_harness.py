@@ -156,15 +156,6 @@ DIGITS = {"harness_samples_per_s": 1, "bare_samples_per_s": 1, "harness_mfu": 3,
           "mfu_over_anchor": 2}
 
 
-def write_csv(path, rows):
-  with open(path, "w", newline="") as f:
-    writer = csv.writer(f)
-    writer.writerow(COLUMNS)
-    for r in rows:
-      writer.writerow(["" if r[c] is None else (f"{r[c]:.6g}" if isinstance(r[c], float)
-                                                else r[c]) for c in COLUMNS])
-
-
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -209,7 +200,7 @@ def main(argv=None):
       if harness is None or bare is None:
         failed.append(name)
       rows.append(compare(name, batches[name], harness, bare))
-      write_csv(args.out, rows)         # each workload's row as it comes: a cut run keeps them
+      gpu_models.write_csv(args.out, rows, COLUMNS)     # row by row: a cut run keeps them
       print(f"  {name}: " + ", ".join(f"{c} {gpu_models.fmt(rows[-1][c], DIGITS.get(c, 0))}"
                                       for c in COLUMNS[3:8]), flush=True)
 
@@ -227,7 +218,7 @@ def main(argv=None):
     missed = verdicts(r)
     print(f"{r['workload']}: " + (f"missed: {missed}" if missed else "goals met")
           + f" (anchor: {ANCHORS[r['workload']][2]})")
-  write_csv(args.out, rows)
+  gpu_models.write_csv(args.out, rows, COLUMNS)
   print(f"\nwrote {args.out}" + (f"; failed: {', '.join(failed)}" if failed else ""))
   return 1 if failed else 0
 

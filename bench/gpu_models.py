@@ -383,13 +383,14 @@ def print_table(rows):
       print("  ".join("-" * w for w in widths))
 
 
-def write_csv(path, rows):
+def write_csv(path, rows, columns=COLUMNS):
+  """`rows` (dicts) as CSV: None blank, floats to 6 significant digits."""
   with open(path, "w", newline="") as f:
     writer = csv.writer(f)
-    writer.writerow(COLUMNS)
+    writer.writerow(columns)
     for r in rows:
       writer.writerow(["" if r[c] is None else (f"{r[c]:.6g}" if isinstance(r[c], float)
-                                                else r[c]) for c in COLUMNS])
+                                                else r[c]) for c in columns])
 
 
 def parse_batches(text):
