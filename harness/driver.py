@@ -271,15 +271,17 @@ class Run:
     transfer, the first dispatches): samples/s of the steady state, comparable with a bare
     step's (bench/gpu_harness.py)."""
     log.start(C.BLOCK_START, first_epoch_num=0, epoch_count=1)
+    gbs = self.cfg.train.global_batch_size
     with self._interruptible():
-      self.trainer.train(SYNTHETIC_WARMUP_STEPS)      # returns after a host sync
+      warm = self.trainer.train(SYNTHETIC_WARMUP_STEPS)      # returns after a host sync
       start = time.time()
       metrics = self.trainer.train(steps)
     elapsed = time.time() - start
     row["steps"] = steps + SYNTHETIC_WARMUP_STEPS
     log.end(C.BLOCK_STOP, first_epoch_num=0, epoch_count=1)
-    row["throughput"] = steps * self.cfg.train.global_batch_size / elapsed
-    row["samples"] = row["steps"] * self.cfg.train.global_batch_size
+    timed = metrics.get("samples", steps * gbs)               # packed rows count their own
+    row["throughput"] = timed / elapsed
+    row["samples"] = warm.get("samples", SYNTHETIC_WARMUP_STEPS * gbs) + timed
     if not math.isfinite(metrics["loss"]):
       row["abort_reason"] = f"non-finite loss {metrics['loss']}"
       return
@@ -291,24 +293,32 @@ class Run:
     cfg, trainer, metric = self.cfg, self.trainer, self.spec.metric
     gbs, target = cfg.train.global_batch_size, cfg.train.target
     by_samples = cadence.kind(cfg.train) == cadence.EVERY_SAMPLES
-    steps_done, train_time = 0, 0.0
+    # packed rows (BERT): a step's samples vary, so blocks end at sample counts, not steps
+    variable = by_samples and getattr(trainer, "variable_samples", False)
+    steps_done, samples_done, train_time = 0, 0, 0.0
     run_start = time.time()
     for end_step, first, count in cadence.plan(cfg.train, per_epoch, max_steps):
       block_steps = end_step - steps_done
-      if block_steps <= 0:
+      if (variable and (samples_done >= first + count or steps_done >= max_steps)) or (
+          not variable and block_steps <= 0):
         break
       log.start(C.BLOCK_START, first_epoch_num=first, epoch_count=count)
       start = time.time()
-      metrics = self._train_block(block_steps, steps_done, per_epoch)
+      if variable:
+        metrics = self._train_samples(first + count - samples_done)
+        steps_done, samples_done = metrics["step"], samples_done + metrics["samples"]
+      else:
+        metrics = self._train_block(block_steps, steps_done, per_epoch)
+        steps_done += block_steps
+        samples_done = steps_done * gbs
       train_time += time.time() - start
-      steps_done += block_steps
-      epoch = steps_done / per_epoch
+      epoch = samples_done / (per_epoch * gbs)
       if not math.isfinite(metrics["loss"]):
         log.end(C.BLOCK_STOP, first_epoch_num=first, epoch_count=count)
         row["abort_reason"] = f"non-finite loss {metrics['loss']} at epoch {epoch:g}"
         return
       if by_samples:                          # MLPerf BERT: epoch_num = samples trained
-        epoch_num = steps_done * gbs
+        epoch_num = samples_done
         progress = f"samples {epoch_num}/{cfg.train.max_samples}"
       elif cadence.kind(cfg.train) == cadence.PER_EPOCH:   # MLPerf DLRM: the epoch fraction
         epoch_num = cadence.epoch_fraction(steps_done, per_epoch)
@@ -322,15 +332,15 @@ class Run:
       log.event(C.EVAL_ACCURACY, metric.logged(value), epoch_num=epoch_num)
       log.end(C.EVAL_STOP, epoch_num=epoch_num)
       log.end(C.BLOCK_STOP, first_epoch_num=first, epoch_count=count)
-      row.update(metric=value, epochs=epoch, samples=steps_done * gbs,
-                 throughput=steps_done * gbs / train_time)
+      row.update(metric=value, epochs=epoch, samples=samples_done,
+                 throughput=samples_done / train_time)
       self._progress()
       if self.tb:
         self.tb.scalars(steps_done, {"train/loss": metrics["loss"], "train/lr": metrics["lr"],
                                      f"eval/{metric.name}": value,
                                      "train/samples_per_s": row["throughput"],
                                      **metrics.get("scalars", {})})
-      self._print(f"{progress} | {steps_done * gbs / train_time:.1f}"
+      self._print(f"{progress} | {samples_done / train_time:.1f}"
                   f" samples/s | loss {metrics['loss']:.4f} | lr {metrics['lr']:.4g} | "
                   f"{metric.name} {value:.4f} (target {target:g}) | "
                   + _extra(metrics) + f"elapsed {time.time() - run_start:.1f}s")
@@ -339,8 +349,17 @@ class Run:
         return
       self._check_signals()
     row["abort_reason"] = (f"target {target} not reached within {steps_done} steps "
-                           + (f"({steps_done * gbs} samples)" if by_samples
+                           + (f"({samples_done} samples)" if by_samples
                               else f"({steps_done / per_epoch:g} epochs)"))
+
+  def _train_samples(self, block_samples):
+    """A block of at least `block_samples` samples (a step's own count: packed rows), in one
+    call: the block's end is reported with its eval."""
+    with self._interruptible():
+      metrics = self.trainer.train(samples=block_samples)
+    self.state["steps"] = metrics["step"]
+    self._progress()
+    return metrics
 
   def _train_block(self, block_steps, steps_before=0, per_epoch=0):
     """Runs a block in chunks of train.steps_per_loop, or (0) of one epoch when the block
@@ -377,6 +396,9 @@ class Run:
   def _row(self, r) -> results.ResultRow:
     cfg, trainer, opts = self.cfg, self.trainer, self.opts
     synthetic = is_synthetic(cfg)
+    # samples trained: a packed step's own count (the trainer's), else steps x the batch
+    counted = getattr(trainer, "variable_samples", False) and r["samples"] is not None
+    completed = r["samples"] if counted else r["steps"] * cfg.train.global_batch_size
     return results.ResultRow(
         run_id=self.run_id, started_at=self.started_at,
         system=opts.system or socket.gethostname(), workload=self.spec.name,
@@ -395,8 +417,8 @@ class Run:
         host=socket.gethostname(), git_commit=_git_commit(), versions=_versions(),
         log_path=self.log_path,
         epochs_completed=(None if synthetic or not r["steps"] else
-                          round(r["steps"] / self.per_epoch, 6)),
-        samples_completed=r["steps"] * cfg.train.global_batch_size)
+                          round(completed / (self.per_epoch * cfg.train.global_batch_size), 6)),
+        samples_completed=completed)
 
 
 @contextlib.contextmanager

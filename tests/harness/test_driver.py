@@ -161,6 +161,45 @@ def test_sample_cadence_logs_samples_trained_as_epoch_num(tmp_path):
   assert compliance.check(row.log_path)[0]
 
 
+class PackedTrainer(ScriptedTrainer):
+  """Trains packed rows: each step its own sample count (70, 90, 110, ... cycling)."""
+  variable_samples = True
+
+  def __init__(self, accuracies, **kw):
+    super().__init__(accuracies, **kw)
+    self.asked, self.step_samples, self.done_steps = [], [], 0
+
+  def train(self, num_steps=None, *, samples=None):
+    assert num_steps is None and samples is not None
+    self.asked.append(samples)
+    trained = 0
+    while trained < samples:
+      count = (70, 90, 110)[self.done_steps % 3]
+      self.step_samples.append(count)
+      trained, self.done_steps = trained + count, self.done_steps + 1
+    return {"loss": 1.0, "lr": 0.1, "step": self.done_steps, "samples": trained}
+
+
+def test_packed_steps_end_blocks_at_samples_and_log_those_trained(tmp_path):
+  """Packed BERT rows: blocks end at the first step reaching each eval point (rounded to whole
+  batches of the average size, as unpacked), epoch_num and the row count the samples trained."""
+  from workloads.bert import spec as bert_spec
+  cfg = bert_spec.mini()
+  cfg.train.global_batch_size, cfg.train.eval_every_samples, cfg.train.max_samples = 100, 250, 1000
+  trainer = PackedTrainer([0.1, 0.2, 0.7], metric="masked_lm_accuracy")
+  opts = driver.RunOptions(framework="jax", preset="mini", seed=7,
+                           results_path=str(tmp_path / "r.csv"), log_dir=str(tmp_path / "logs"))
+  row = driver.run_all(bert_spec.SPEC, cfg, opts, lambda seed: trainer)[0]
+  events = [json.loads(l[9:]) for l in open(row.log_path) if l.startswith(":::MLLOG")]
+  # eval points 300, 500, 800 (unpacked: [3, 2, 3] steps); steps of 70, 90, 110, 70, ...
+  # reach 340 after 4 steps, 540 after 6, 810 after 9
+  assert trainer.asked == [300, 500 - 340, 800 - 540]
+  assert [e["metadata"]["epoch_num"] for e in events if e["key"] == "eval_accuracy"] == [340, 540, 810]
+  assert [e["metadata"]["first_epoch_num"] for e in events if e["key"] == "block_start"] == [0, 300, 500]
+  assert row.status == "success" and row.samples_to_converge == 810 == sum(trainer.step_samples)
+  assert compliance.check(row.log_path)[0]
+
+
 def test_listed_epoch_schedule_evaluates_at_exactly_those_epochs(tmp_path):
   """SSD's schedule (rules/ssd.yaml, eval at 40, 50, 55, ...), scaled down: eval at 2, 4, 5."""
   cfg = spec.mini()

@@ -18,7 +18,7 @@ import os
 import numpy as np
 from workloads.common.host_tf import tf
 
-from workloads.bert import spec
+from workloads.bert import packing, spec
 from workloads.common import mini_cache
 from workloads.common.batching import (host_batch_size, host_slice, padded_eval, sharded_records,
                                        tfrecord_files)
@@ -54,12 +54,17 @@ def tfrecord_train(data_cfg, global_batch_size, seed, data_dir, process_index=0,
                    process_count=1):
   """This host's shuffled, repeated batches (global_batch_size / process_count each). Files are
   split over hosts when there are enough of them, records otherwise: each example on one host."""
+  ds = tfrecord_examples(data_cfg, seed, data_dir, process_index, process_count)
+  return ds.batch(host_batch_size(global_batch_size, process_count), drop_remainder=True).prefetch(
+      tf.data.AUTOTUNE)
+
+
+def tfrecord_examples(data_cfg, seed, data_dir, process_index=0, process_count=1):
+  """This host's shuffled, repeated, parsed examples, unbatched."""
   ds = sharded_records(_files(data_dir, data_cfg.train_pattern), seed, process_index,
                        process_count)
   ds = ds.shuffle(data_cfg.shuffle_buffer, seed=seed)
-  ds = ds.map(lambda s: parse(s, data_cfg), num_parallel_calls=tf.data.AUTOTUNE)
-  return ds.batch(host_batch_size(global_batch_size, process_count), drop_remainder=True).prefetch(
-      tf.data.AUTOTUNE)
+  return ds.map(lambda s: parse(s, data_cfg), num_parallel_calls=tf.data.AUTOTUNE)
 
 
 def tfrecord_eval(data_cfg, global_batch_size, data_dir, process_index=0, process_count=1):
@@ -203,11 +208,32 @@ def mini_data_cfg(data_cfg):
 def mini_train(data_cfg, data_dir, global_batch_size, seed, process_index=0, process_count=1):
   """Each host takes its slice of the same seeded global batch, so the global batches do not
   depend on the number of hosts (as the resnet mini pipeline does)."""
+  ds = mini_examples(data_cfg, data_dir, seed).batch(global_batch_size, drop_remainder=True)
+  return host_slice(ds, global_batch_size, process_index, process_count).prefetch(
+      tf.data.AUTOTUNE)
+
+
+def mini_examples(data_cfg, data_dir, seed):
+  """The mini training examples, shuffled and repeated, parsed, unbatched."""
   ds = tf.data.TFRecordDataset(_files(data_dir, "part-*")).cache()
   ds = ds.repeat().shuffle(data_cfg.shuffle_buffer, seed=seed)
-  ds = ds.map(lambda s: parse(s, data_cfg), num_parallel_calls=tf.data.AUTOTUNE)
-  ds = ds.batch(global_batch_size, drop_remainder=True)
-  return host_slice(ds, global_batch_size, process_index, process_count).prefetch(
+  return ds.map(lambda s: parse(s, data_cfg), num_parallel_calls=tf.data.AUTOTUNE)
+
+
+def packed_train(examples, cfg, global_batch_size):
+  """Packed training batches (packing.py, spec.packed_layout's rows) of a dataset of unpacked
+  examples: packed on the host inside tf.data (from_generator, prefetched), so the packing of
+  the next batches overlaps the device's steps. One host (spec.check_framework)."""
+  d = cfg.data
+  layout = spec.packed_layout(cfg, global_batch_size)
+
+  def generate():
+    packer = packing.Packer(examples.as_numpy_iterator(), d.max_seq_length,
+                            d.max_samples_per_row, d.max_predictions_per_seq, d.packing_window)
+    yield from packer.batches(layout["input_ids"][0][0])
+
+  signature = {k: tf.TensorSpec(shape, dtype) for k, (shape, dtype, _) in layout.items()}
+  return tf.data.Dataset.from_generator(generate, output_signature=signature).prefetch(
       tf.data.AUTOTUNE)
 
 
@@ -215,6 +241,10 @@ def mini_train(data_cfg, data_dir, global_batch_size, seed, process_index=0, pro
 
 def train_dataset(cfg, global_batch_size, seed, data_dir, process_index=0, process_count=1):
   """data_dir: the TFRecord folder (for mini: prepare_mini's folder)."""
+  if cfg.data.packing:
+    examples = (mini_examples(cfg.data, data_dir, seed) if cfg.data.source == "mini" else
+                tfrecord_examples(cfg.data, seed, data_dir, process_index, process_count))
+    return packed_train(examples, cfg, global_batch_size)
   if cfg.data.source == "mini":
     return mini_train(cfg.data, data_dir, global_batch_size, seed, process_index, process_count)
   return tfrecord_train(cfg.data, global_batch_size, seed, data_dir, process_index,
@@ -245,9 +275,13 @@ def checkpoint_path(cfg, ctx):
 
 
 def synthetic_batch(cfg, batch_size, seed):
-  """One random batch of the real shapes (numpy), every position unpadded."""
+  """One random batch of the real shapes (numpy), every position unpadded; with packing, rows
+  packed from samples of lengths uniform in [seq/16, seq] (a mean of about seq/2, as the
+  Wikipedia set's, which packs about 2 a row) with 15% of their tokens predicted."""
   rng = np.random.default_rng(seed)
   seq, preds = cfg.data.max_seq_length, cfg.data.max_predictions_per_seq
+  if cfg.data.packing:
+    return _synthetic_packed(cfg, batch_size, rng)
   return {"input_ids": rng.integers(0, cfg.model.vocab_size, (batch_size, seq), np.int32),
           "input_mask": np.ones((batch_size, seq), np.int32),
           "segment_ids": (np.arange(seq) >= seq // 2).astype(np.int32)[None].repeat(batch_size, 0),
@@ -255,3 +289,27 @@ def synthetic_batch(cfg, batch_size, seed):
           "masked_lm_ids": rng.integers(0, cfg.model.vocab_size, (batch_size, preds), np.int32),
           "masked_lm_weights": np.ones((batch_size, preds), np.float32),
           "next_sentence_labels": rng.integers(0, 2, (batch_size,), np.int32)}
+
+
+def _synthetic_packed(cfg, batch_size, rng):
+  d, vocab = cfg.data, cfg.model.vocab_size
+  seq, preds = d.max_seq_length, d.max_predictions_per_seq
+
+  def samples():
+    while True:
+      n = int(rng.integers(max(2, seq // 16), seq + 1))
+      k = min(preds, max(1, round(0.15 * n)))
+      mask = np.zeros(seq, np.int32)
+      mask[:n] = 1
+      slots = np.zeros(preds, np.int32)
+      slots[:k] = np.sort(rng.choice(np.arange(1, n), k, replace=False))
+      yield {"input_ids": rng.integers(0, vocab, seq, np.int32) * mask, "input_mask": mask,
+             "segment_ids": ((np.arange(seq) >= n // 2) * mask).astype(np.int32),
+             "masked_lm_positions": slots,
+             "masked_lm_ids": np.where(np.arange(preds) < k, rng.integers(0, vocab, preds),
+                                       0).astype(np.int32),
+             "masked_lm_weights": (np.arange(preds) < k).astype(np.float32),
+             "next_sentence_labels": np.int32(rng.integers(0, 2))}
+
+  packer = packing.Packer(samples(), seq, d.max_samples_per_row, preds, d.packing_window)
+  return packer.rows(spec.packed_rows(cfg, batch_size))

@@ -90,7 +90,11 @@ class BertPretraining(nn.Module):
   remat_policy: str = ""            # parallel.remat_policy, per encoder layer (jax_layers)
 
   @nn.compact
-  def __call__(self, input_ids, input_mask, segment_ids, masked_lm_positions, train=False):
+  def __call__(self, input_ids, input_mask, segment_ids, masked_lm_positions, train=False,
+               positions=None, cls_positions=None):
+    """Packed rows (packing.py) pass `positions` (each token's in its own sample) and
+    `cls_positions` [B, S] (each sample's first token): attention stays within a sample
+    (input_mask holds the sample of each token) and nsp_logits are [B, S, 2]."""
     deterministic = not train
     c = self.config
     init = weight_init(c.initializer_range)
@@ -99,18 +103,23 @@ class BertPretraining(nn.Module):
     dense = functools.partial(nn.Dense, dtype=self.dtype, kernel_init=init)
     word_embeddings = embed(c.vocab_size, name="word_embeddings")
     seq = input_ids.shape[1]
+    position_table = embed(c.max_position_embeddings, name="position_embeddings").embedding
     x = (word_embeddings(input_ids)
-         + embed(c.max_position_embeddings, name="position_embeddings").embedding[:seq]
+         + (position_table[:seq] if positions is None
+            else jnp.take(position_table, positions, axis=0))
          + embed(c.type_vocab_size, name="token_type_embeddings")(segment_ids))
     x = norm(name="embeddings_LayerNorm")(x)
     x = nn.Dropout(c.dropout, deterministic=deterministic)(x).astype(self.dtype)
     acc = accumulation_dtype(self.dtype)
-    attention_mask = (input_mask != 0)[:, None, None, :]      # [B, 1, 1, L]: the real keys
+    attention_mask = ((input_mask != 0)[:, None, None, :] if positions is None  # real keys
+                      else packed_attention_mask(input_mask))
     for i in range(c.num_layers):
       x = remat_block(TransformerLayer, self.remat_policy, (3,))(c.hidden_size, c.num_heads, c.intermediate_size,
                            c.dropout, c.initializer_range, self.dtype,
                            name=f"layer_{i}")(x, attention_mask, deterministic)
-    pooled = jnp.tanh(dense(c.hidden_size, name="pooler")(x[:, 0]))
+    first = (x[:, 0] if cls_positions is None
+             else jnp.take_along_axis(x, cls_positions[..., None], axis=1))    # [B, S, H]
+    pooled = jnp.tanh(dense(c.hidden_size, name="pooler")(first))
     nsp_logits = dense(2, name="nsp")(pooled)
     # Masked LM: only the masked positions go through the head (as the reference gathers).
     picked = jnp.take_along_axis(x, masked_lm_positions[..., None], axis=1)
@@ -121,6 +130,12 @@ class BertPretraining(nn.Module):
     return mlm_logits.astype(acc), nsp_logits.astype(acc)
 
 
+def packed_attention_mask(sample_ids):
+  """[B, 1, L, L]: a query attends the keys of its own sample (sample_ids 1..S; 0 padding)."""
+  same = sample_ids[:, None, :, None] == sample_ids[:, None, None, :]
+  return same & (sample_ids != 0)[:, None, None, :]
+
+
 def build(cfg, dtype=jnp.float32) -> BertPretraining:
   """The model of the workload config `cfg` (cfg.model), computing in `dtype`."""
   return BertPretraining(config=cfg.model, dtype=dtype, remat_policy=cfg.parallel.remat_policy)
@@ -128,15 +143,19 @@ def build(cfg, dtype=jnp.float32) -> BertPretraining:
 
 def pretraining_loss(mlm_logits, nsp_logits, batch):
   """The reference's loss: weighted mean of masked-LM cross entropy over the masked positions
-  (denominator sum(weights) + 1e-5) plus mean next-sentence cross entropy."""
+  (denominator sum(weights) + 1e-5) plus mean next-sentence cross entropy (over the real
+  samples of packed rows)."""
   log_probs = jax.nn.log_softmax(mlm_logits, axis=-1)
   token_nll = -jnp.take_along_axis(log_probs, batch["masked_lm_ids"][..., None], axis=-1)[..., 0]
   weights = batch["masked_lm_weights"].astype(token_nll.dtype)
   mlm = jnp.sum(weights * token_nll) / (jnp.sum(weights) + 1e-5)
   nsp_log_probs = jax.nn.log_softmax(nsp_logits, axis=-1)
   labels = batch["next_sentence_labels"]
-  nsp = -jnp.mean(jnp.take_along_axis(nsp_log_probs, labels[:, None], axis=-1))
-  return mlm + nsp
+  nsp_nll = -jnp.take_along_axis(nsp_log_probs, labels[..., None], axis=-1)[..., 0]
+  if "next_sentence_weights" in batch:      # packed rows: the mean over the real samples
+    nsp_weights = batch["next_sentence_weights"].astype(nsp_nll.dtype)
+    return mlm + jnp.sum(nsp_weights * nsp_nll) / jnp.sum(nsp_weights)
+  return mlm + jnp.mean(nsp_nll)
 
 
 def masked_lm_correct(mlm_logits, batch, example_mask):

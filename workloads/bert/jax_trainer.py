@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 from flax.training import train_state
 
-from workloads.bert import input_pipeline, jax_model, spec
+from workloads.bert import input_pipeline, jax_model, packing, spec
 from workloads.optim import jax_optimizers
 from workloads.parallel.jax_trainer_base import MeshTrainer, apply_update
 
@@ -26,6 +26,7 @@ def loss_and_grads(state, params, batch, train=True):
     mlm_logits, nsp_logits = state.apply_fn(
         {"params": p}, batch["input_ids"], batch["input_mask"], batch["segment_ids"],
         batch["masked_lm_positions"], train=train,
+        positions=batch.get("positions"), cls_positions=batch.get("cls_positions"),
         rngs={"dropout": jax.random.fold_in(state.dropout_key, state.step)})
     return jax_model.pretraining_loss(mlm_logits, nsp_logits, batch)
   return jax.value_and_grad(loss_fn)(params)
@@ -49,6 +50,7 @@ class BertTrainer(MeshTrainer):
 
   def __init__(self, cfg, ctx):
     super().__init__(cfg, ctx)
+    self.variable_samples = cfg.data.packing      # packed rows: each step its own count
     self.model = jax_model.build(cfg, self.dtype)
     self.schedule = spec.schedule_for(cfg)
     self.tx = jax_optimizers.make_lamb(cfg.optimizer, self.schedule)
@@ -72,6 +74,11 @@ class BertTrainer(MeshTrainer):
         jax.eval_shape(lambda: state.params), input_pipeline.checkpoint_path(self.cfg, self.ctx),
         self.cfg.model.num_layers)
     return state.replace(params=jax.device_put(params, shardings.params))
+
+  def samples_in(self, host_batch):
+    if self.cfg.data.packing:
+      return packing.samples_in(host_batch)
+    return super().samples_in(host_batch)
 
   def train_step_fn(self, remat=None):
     del remat                                        # BERT does not pipeline

@@ -63,6 +63,14 @@ class DataConfig:
   mini_topics: int = 4                # each document's sentences follow one topic's Markov chain
   mini_dupe_factor: int = 5           # masked copies of each example (create_pretraining_data)
   mini_eval_documents: int = 400
+  # Packed rows (workloads/bert/packing.py; JAX): several samples a max_seq_length row, each
+  # still one sample. train.global_batch_size stays the samples a step on average: a step is
+  # ceil(global_batch_size / packing_factor) rows, and the samples it trains (counted on the
+  # host) drive the eval cadence and epoch_num.
+  packing: bool = False
+  max_samples_per_row: int = 3        # NVIDIA's and Graphcore's packs hold up to 3
+  packing_factor: float = 2.0         # samples a row expected (Graphcore: ~2 on Wikipedia, 3/row)
+  packing_window: int = 64            # the greedy packer's look-ahead, in samples
 
   def validate(self):
     one_of(self, "source", ("tfrecord", "mini", "synthetic"))
@@ -71,6 +79,8 @@ class DataConfig:
              "mini_dupe_factor", "mini_eval_documents")
     in_range(self, "train_examples", 0, None)
     in_range(self, "max_predictions_per_seq", 1, self.max_seq_length)
+    positive(self, "max_samples_per_row", "packing_window")
+    in_range(self, "packing_factor", 1.0, float(self.max_samples_per_row))
 
 
 @dataclasses.dataclass
@@ -157,6 +167,8 @@ def batch_layout(cfg: BertConfig, batch_size: int, with_mask: bool = False) -> d
   ids: the TFRecords store int64, the reader casts). Eval batches add 'mask' (1 real, 0
   padding). The masked-LM prediction slots have no logical name: they are never split."""
   seq, preds = cfg.data.max_seq_length, cfg.data.max_predictions_per_seq
+  if cfg.data.packing and not with_mask:
+    return packed_layout(cfg, batch_size)
   tokens, slots = ((batch_size, seq), "int32", ("batch", "length")), ("batch", None)
   layout = {"input_ids": tokens, "input_mask": tokens, "segment_ids": tokens,
             "masked_lm_positions": ((batch_size, preds), "int32", slots),
@@ -166,6 +178,27 @@ def batch_layout(cfg: BertConfig, batch_size: int, with_mask: bool = False) -> d
   if with_mask:
     layout["mask"] = ((batch_size,), "float32", ("batch",))
   return layout
+
+
+def packed_rows(cfg: BertConfig, samples: int) -> int:
+  """Rows of a packed step meant to carry `samples` samples on average."""
+  return max(1, math.ceil(samples / cfg.data.packing_factor))
+
+
+def packed_layout(cfg: BertConfig, samples: int) -> dict:
+  """A packed training batch's layout (packing.py): packed_rows rows, per-token positions,
+  input_mask holding each token's sample (1..S), one NSP slot a sample."""
+  d = cfg.data
+  rows, seq, slots = packed_rows(cfg, samples), d.max_seq_length, d.max_samples_per_row
+  preds = d.max_predictions_per_seq + slots
+  tokens, per_row = ((rows, seq), "int32", ("batch", "length")), ("batch", None)
+  return {"input_ids": tokens, "input_mask": tokens, "segment_ids": tokens, "positions": tokens,
+          "masked_lm_positions": ((rows, preds), "int32", per_row),
+          "masked_lm_ids": ((rows, preds), "int32", per_row),
+          "masked_lm_weights": ((rows, preds), "float32", per_row),
+          "cls_positions": ((rows, slots), "int32", per_row),
+          "next_sentence_labels": ((rows, slots), "int32", per_row),
+          "next_sentence_weights": ((rows, slots), "float32", per_row)}
 
 
 # Every parameter's logical axes (flax paths; the Keras model uses the same names). Query/key/
@@ -236,6 +269,20 @@ def missing_data(cfg, data_dir) -> list[str]:
   return missing
 
 
+def check_framework(cfg, framework):
+  """Packed rows run in JAX on one host: the TF model has no per-sample attention, positions
+  or NSP slots, and each host's packer would train a different number of samples a step."""
+  if not cfg.data.packing:
+    return
+  if framework == "tf":
+    raise UsageError("data.packing=true in TF: packed rows are built in the JAX model only; "
+                     "allowed: --framework jax, or data.packing=false")
+  if cfg.parallel.num_processes > 1:
+    raise UsageError(f"data.packing=true with --num-processes {cfg.parallel.num_processes}: "
+                     "each host's packer trains its own number of samples a step; allowed: "
+                     "one process")
+
+
 SPEC = WorkloadSpec(
     name="bert",
     mlperf_benchmark="bert",
@@ -254,4 +301,5 @@ SPEC = WorkloadSpec(
     data_dir_contents=("a folder with the MLPerf BERT TFRecords (part-*, eval_10k) and "
                        "tf1_ckpt/model.ckpt-28252"),
     missing_data=missing_data,
+    check_framework=check_framework,
 )

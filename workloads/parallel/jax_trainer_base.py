@@ -208,51 +208,70 @@ class MeshTrainer:
           self.state, self.batch_shapes(self.eval_batch_size(), with_mask=True))
     self._eval_step = lowered.compile()
 
-  def _device_batches(self, dataset, axes):
-    """Puts host batches on the mesh two steps ahead, so the copy overlaps compute."""
+  def _device_batches(self, dataset, axes, counted=False):
+    """Puts host batches on the mesh two steps ahead, so the copy overlaps compute; `counted`:
+    (batch, the samples it trains, counted on the host) pairs."""
     queue = collections.deque()
     for batch in dataset:
-      queue.append(self.runtime.shard_batch(batch, axes))
+      placed = self.runtime.shard_batch(batch, axes)
+      queue.append((placed, self.samples_in(batch)) if counted else placed)
       if len(queue) == 2:
         yield queue.popleft()
     yield from queue
 
-  def synthetic_batch(self):
-    """One global batch of the real shapes on the mesh (reused every step)."""
+  # Whether a step's samples vary (BERT's packed rows): the driver then plans its blocks in
+  # samples and train() is given a sample count (harness/driver.py).
+  variable_samples = False
+
+  def samples_in(self, host_batch):
+    """The samples a host batch trains: the global batch (packed rows count their own)."""
+    del host_batch
+    return self.cfg.train.global_batch_size
+
+  def synthetic_batch(self, with_samples=False):
+    """One global batch of the real shapes on the mesh (reused every step); `with_samples`:
+    (it, the samples it trains)."""
     shapes = self.batch_shapes(self.cfg.train.global_batch_size)
     batch = self.pipeline.synthetic_batch(self.cfg, self.cfg.train.global_batch_size,
                                           self.ctx.seed + 1)
-    return {k: jax.device_put(v.astype(shapes[k].dtype), shapes[k].sharding)
-            for k, v in batch.items()}
+    placed = {k: jax.device_put(v.astype(shapes[k].dtype), shapes[k].sharding)
+              for k, v in batch.items()}
+    return (placed, self.samples_in(batch)) if with_samples else placed
 
   def _train_batches(self):
+    """(device batch, samples) pairs."""
     if self._train_iter is None:        # first use is after run_start: no data read before
       if is_synthetic(self.cfg):
-        batch = self.synthetic_batch()
+        batch = self.synthetic_batch(with_samples=True)
         self._train_iter = iter(lambda: batch, None)
       else:
         rt = self.runtime
         ds = self.pipeline.train_dataset(self.cfg, self.cfg.train.global_batch_size,
                                          self.ctx.seed, self.data_dir, rt.process_index,
                                          rt.process_count)
-        self._train_iter = self._device_batches(ds.as_numpy_iterator(), self.batch_axes())
+        self._train_iter = self._device_batches(ds.as_numpy_iterator(), self.batch_axes(),
+                                                counted=True)
     return self._train_iter
 
-  def train(self, num_steps):
-    """A block of steps. A step returns its loss, or {'loss', 'router'} with an MoE model's
-    router figures (reported per block: moe.report)."""
+  def train(self, num_steps=None, *, samples=None):
+    """A block of `num_steps` steps, or of as many as train at least `samples` samples (the
+    batches' own counts, read on the host: no sync). A step returns its loss, or {'loss',
+    'router'} with an MoE model's router figures (reported per block: moe.report). The
+    metrics carry the block's 'samples'."""
     batches = self._train_batches()
-    outputs = []
-    for _ in range(num_steps):
-      self.state, out = self._train_step(self.state, next(batches))
+    outputs, trained = [], 0
+    while len(outputs) < num_steps if samples is None else trained < samples:
+      batch, count = next(batches)
+      self.state, out = self._train_step(self.state, batch)
       outputs.append(out)
+      trained += count
     step = int(self.state.step)                         # the one host sync of the block
     # the block's losses fetched together and averaged on the host: a jnp.stack of a new
     # block length would compile a new program here, which a synthetic run's timed block
     # paid for (ResNet tiny, 10 steps: 6 ms a step against 1.1 ms over 100 steps)
     losses = jax.device_get([out["loss"] if isinstance(out, dict) else out for out in outputs])
     metrics = {"loss": float(np.mean(np.asarray(losses, np.float64))),
-               "lr": float(self.schedule(step - 1)), "step": step}
+               "lr": float(self.schedule(step - 1)), "step": step, "samples": trained}
     if isinstance(outputs[0], dict) and "router" in outputs[0]:
       router = moe.block_metrics([jax.tree.map(np.asarray, out["router"]) for out in outputs])
       metrics["progress"], metrics["scalars"] = moe.report(router)
