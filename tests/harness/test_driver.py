@@ -145,16 +145,21 @@ def test_sample_blocks_round_eval_points_up_to_whole_batches():
   assert cadence.sample_blocks(400, 50, 100) == [(0, 1), (1, 1), (2, 1), (3, 1)]
 
 
-def test_sample_cadence_logs_samples_trained_as_epoch_num(tmp_path):
-  """BERT's cadence (rules/bert.yaml): evals every N samples, epoch_num = samples trained."""
+def _bert_sample_run(tmp_path, trainer):
+  """BERT's mini config at batch 100, evals every 250 samples up to 1000: (row, log events)."""
   from workloads.bert import spec as bert_spec
   cfg = bert_spec.mini()
   cfg.train.global_batch_size, cfg.train.eval_every_samples, cfg.train.max_samples = 100, 250, 1000
-  trainer = ScriptedTrainer([0.1, 0.2, 0.7], metric="masked_lm_accuracy")
   opts = driver.RunOptions(framework="jax", preset="mini", seed=7,
                            results_path=str(tmp_path / "r.csv"), log_dir=str(tmp_path / "logs"))
   row = driver.run_all(bert_spec.SPEC, cfg, opts, lambda seed: trainer)[0]
-  events = [json.loads(l[9:]) for l in open(row.log_path) if l.startswith(":::MLLOG")]
+  return row, [json.loads(l[9:]) for l in open(row.log_path) if l.startswith(":::MLLOG")]
+
+
+def test_sample_cadence_logs_samples_trained_as_epoch_num(tmp_path):
+  """BERT's cadence (rules/bert.yaml): evals every N samples, epoch_num = samples trained."""
+  trainer = ScriptedTrainer([0.1, 0.2, 0.7], metric="masked_lm_accuracy")
+  row, events = _bert_sample_run(tmp_path, trainer)
   assert trainer.steps == [3, 2, 3] and row.status == "success" and row.samples_to_converge == 800
   assert [e["metadata"]["epoch_num"] for e in events if e["key"] == "eval_accuracy"] == [300, 500, 800]
   assert [e["metadata"]["first_epoch_num"] for e in events if e["key"] == "block_start"] == [0, 300, 500]
@@ -183,14 +188,8 @@ class PackedTrainer(ScriptedTrainer):
 def test_packed_steps_end_blocks_at_samples_and_log_those_trained(tmp_path):
   """Packed BERT rows: blocks end at the first step reaching each eval point (rounded to whole
   batches of the average size, as unpacked), epoch_num and the row count the samples trained."""
-  from workloads.bert import spec as bert_spec
-  cfg = bert_spec.mini()
-  cfg.train.global_batch_size, cfg.train.eval_every_samples, cfg.train.max_samples = 100, 250, 1000
   trainer = PackedTrainer([0.1, 0.2, 0.7], metric="masked_lm_accuracy")
-  opts = driver.RunOptions(framework="jax", preset="mini", seed=7,
-                           results_path=str(tmp_path / "r.csv"), log_dir=str(tmp_path / "logs"))
-  row = driver.run_all(bert_spec.SPEC, cfg, opts, lambda seed: trainer)[0]
-  events = [json.loads(l[9:]) for l in open(row.log_path) if l.startswith(":::MLLOG")]
+  row, events = _bert_sample_run(tmp_path, trainer)
   # eval points 300, 500, 800 (unpacked: [3, 2, 3] steps); steps of 70, 90, 110, 70, ...
   # reach 340 after 4 steps, 540 after 6, 810 after 9
   assert trainer.asked == [300, 500 - 340, 800 - 540]
