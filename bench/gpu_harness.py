@@ -15,7 +15,8 @@ anchor's.
 
   python bench/gpu_harness.py [--workloads resnet50,bert,transformer,ssd,efficientnet]
       [--steps 30] [--batch resnet50=256,bert=32] [--preset synthetic] [--set KEY=VALUE ...]
-      [--out bench_gpu_harness.csv] [--timeout 300]
+      [--out bench_gpu_harness.csv] [--timeout 300] [--profile FILE]
+      [--variant bert:data.packing=true ...]
 
 On an image without the harness's pure-Python needs (mlperf-logging, PyYAML), run
 `bash bench/gpu_deps.sh` where PyPI is reachable and put `.gpu_deps/cpXY` on PYTHONPATH; the
@@ -82,14 +83,15 @@ def number(text):
   return None if math.isnan(value) else value
 
 
-def harness_run(name, batch, args, folder):
-  """The harness's synthetic run of `name` at per-device `batch`: its result row (one device)."""
-  results = os.path.join(folder, f"{name}_rows.csv")
+def harness_run(name, batch, args, folder, extra=()):
+  """The harness's synthetic run of `name` at per-device `batch` (with the `extra` overrides
+  of a --variant): its result row (one device)."""
+  results = os.path.join(folder, f"{name}_{len(extra)}_{abs(hash(extra))}_rows.csv")
   command = [sys.executable, "run_benchmark.py", "run", name, "--framework", "jax",
              "--preset", args.preset, "--steps", str(args.steps), "--seed", "0",
              "--set", f"train.global_batch_size={batch}", "--results", results,
              "--log-dir", os.path.join(folder, "logs")]
-  for item in args.set:
+  for item in (*args.set, *extra):
     command += ["--set", item]
   ok, output = run(command, args.timeout)
   row = read_row(results) if ok and os.path.exists(results) else {}
@@ -126,13 +128,14 @@ def ratio(a, b):
   return a / b if a is not None and b else None
 
 
-def compare(name, batch, harness, bare):
-  """One table row from a harness result row and a bare-step row (either may be None)."""
+def compare(name, batch, harness, bare, label=None):
+  """One table row from a harness result row and a bare-step row (either may be None);
+  `label`: the row's name where it is a variant of workload `name`."""
   goal, anchor, _ = ANCHORS.get(name, (None, None, ""))
   h_speed = number((harness or {}).get("throughput"))
   h_mfu = number((harness or {}).get("mfu"))
   b_speed = number((bare or {}).get("samples_per_s"))
-  return {"workload": name, "device_kind": (harness or {}).get("device_kind", ""),
+  return {"workload": label or name, "device_kind": (harness or {}).get("device_kind", ""),
           "batch": batch, "harness_samples_per_s": h_speed, "harness_mfu": h_mfu,
           "bare_samples_per_s": b_speed, "bare_mfu": number((bare or {}).get("mfu")),
           "harness_over_bare": ratio(h_speed, b_speed), "mfu_goal": goal,
@@ -171,6 +174,10 @@ def main(argv=None):
                       help="config overrides for both runs (run_benchmark.py's --set)")
   parser.add_argument("--out", default="bench_gpu_harness.csv", help="CSV of the table")
   parser.add_argument("--timeout", type=int, default=300, help="seconds a command may take")
+  parser.add_argument("--variant", action="append", default=[], metavar="NAME:KEY=VALUE,...",
+                      help="an extra harness run of workload NAME with these overrides, a row "
+                           "of its own against NAME's bare step (e.g. bert:data.packing=true: "
+                           "packed rows against the unpacked bare step)")
   parser.add_argument("--profile", default="", metavar="FILE",
                       help="the bare steps' trace summaries, appended to FILE "
                            "(bench/gpu_models.py --profile)")
@@ -191,18 +198,36 @@ def main(argv=None):
     print(e, file=sys.stderr)
     return 2
 
+  variants = {}
+  for text in args.variant:
+    name, _, sets = text.partition(":")
+    if name not in names or "=" not in sets:
+      print(f"--variant {text!r}: allowed NAME:KEY=VALUE[,KEY=VALUE] with NAME one of "
+            f"{', '.join(names)}", file=sys.stderr)
+      return 2
+    variants.setdefault(name, []).append(tuple(sets.split(",")))
+
   rows, failed = [], []
+
+  def add(row):
+    rows.append(row)
+    gpu_models.write_csv(args.out, rows, COLUMNS)     # row by row: a cut run keeps them
+    print(f"  {row['workload']}: " + ", ".join(
+        f"{c} {gpu_models.fmt(row[c], DIGITS.get(c, 0))}" for c in COLUMNS[3:8]), flush=True)
+    if row["harness_samples_per_s"] is None or row["bare_samples_per_s"] is None:
+      failed.append(row["workload"])
+
   with tempfile.TemporaryDirectory(prefix="gpu-harness-") as folder:
     for name in names:
       print(f"{name}: harness run, then bare step, per-device batch {batches[name]}", flush=True)
       harness = harness_run(name, batches[name], args, folder)
       bare = bare_step(name, batches[name], args, folder)
-      if harness is None or bare is None:
-        failed.append(name)
-      rows.append(compare(name, batches[name], harness, bare))
-      gpu_models.write_csv(args.out, rows, COLUMNS)     # row by row: a cut run keeps them
-      print(f"  {name}: " + ", ".join(f"{c} {gpu_models.fmt(rows[-1][c], DIGITS.get(c, 0))}"
-                                      for c in COLUMNS[3:8]), flush=True)
+      add(compare(name, batches[name], harness, bare))
+      for extra in variants.get(name, ()):
+        label = f"{name}[{','.join(extra)}]"
+        print(f"{label}: harness run", flush=True)
+        add(compare(name, batches[name], harness_run(name, batches[name], args, folder, extra),
+                    bare, label))
 
   print()
   cells = [COLUMNS] + [tuple(gpu_models.fmt(r[c], DIGITS.get(c, 0)) if r[c] != "" else "n/a"
@@ -217,7 +242,7 @@ def main(argv=None):
   for r in rows:
     missed = verdicts(r)
     print(f"{r['workload']}: " + (f"missed: {missed}" if missed else "goals met")
-          + f" (anchor: {ANCHORS[r['workload']][2]})")
+          + f" (anchor: {ANCHORS[r['workload'].split('[')[0]][2]})")
   gpu_models.write_csv(args.out, rows, COLUMNS)
   print(f"\nwrote {args.out}" + (f"; failed: {', '.join(failed)}" if failed else ""))
   return 1 if failed else 0

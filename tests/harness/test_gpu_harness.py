@@ -17,11 +17,16 @@ def test_one_command_runs_the_harness_and_the_bare_step(tmp_path):
   proc = subprocess.run(
       [sys.executable, "bench/gpu_harness.py", "--workloads", "resnet50", "--preset", "tiny",
        "--set", "data.source=synthetic", "--steps", "3", "--batch", "resnet50=4",
-       "--out", str(out), "--profile", str(tmp_path / "profile.txt")], cwd=ROOT,
+       "--out", str(out), "--profile", str(tmp_path / "profile.txt"),
+       "--variant", "resnet50:parallel.remat_policy=full"], cwd=ROOT,
       env=clean_env(), capture_output=True, text=True, timeout=600)
   assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
   with open(out, newline="") as f:
-    (row,) = list(csv.DictReader(f))
+    row, variant = list(csv.DictReader(f))
+  # the variant: a harness run of its own, against the same bare step
+  assert variant["workload"] == "resnet50[parallel.remat_policy=full]"
+  assert variant["bare_samples_per_s"] == row["bare_samples_per_s"]
+  assert float(variant["harness_samples_per_s"]) > 0
   harness, bare = float(row["harness_samples_per_s"]), float(row["bare_samples_per_s"])
   assert row["workload"] == "resnet50" and row["device_kind"] == "cpu" and row["batch"] == "4"
   assert harness > 0 and bare > 0
@@ -54,3 +59,5 @@ def test_bad_arguments_exit_2_with_one_line():
   assert gpu_harness.main(["--workloads", "dlrm"]) == 2     # no bare-step builder
   assert gpu_harness.main(["--steps", "0"]) == 2
   assert gpu_harness.main(["--batch", "bert=x"]) == 2
+  assert gpu_harness.main(["--workloads", "bert", "--variant", "ssd:data.packing=true"]) == 2
+  assert gpu_harness.main(["--variant", "bert"]) == 2
