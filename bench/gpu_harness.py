@@ -139,7 +139,8 @@ def compare(name, batch, harness, bare, label=None):
           "batch": batch, "harness_samples_per_s": h_speed, "harness_mfu": h_mfu,
           "bare_samples_per_s": b_speed, "bare_mfu": number((bare or {}).get("mfu")),
           "harness_over_bare": ratio(h_speed, b_speed), "mfu_goal": goal,
-          "anchor_mfu": anchor, "mfu_over_anchor": ratio(h_mfu, anchor)}
+          "anchor_mfu": anchor, "mfu_over_anchor": ratio(h_mfu, anchor),
+          "bare_loss": (bare or {}).get("loss", "")}
 
 
 def verdicts(row):
@@ -147,6 +148,8 @@ def verdicts(row):
   missed = [f"{what} not measured" for what, key in (("harness/bare", "harness_over_bare"),
                                                      ("MFU", "harness_mfu"))
             if row[key] is None and (key != "harness_mfu" or row["mfu_goal"])]
+  if row.get("bare_loss", "") not in ("", None) and not math.isfinite(float(row["bare_loss"])):
+    missed.append(f"the bare step's loss is {row['bare_loss']}")
   if row["harness_over_bare"] is not None and row["harness_over_bare"] < HARNESS_GOAL:
     missed.append(f"harness/bare {row['harness_over_bare']:.2f} < {HARNESS_GOAL}")
   if row["harness_mfu"] is not None and row["mfu_goal"] and row["harness_mfu"] < row["mfu_goal"]:

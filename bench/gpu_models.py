@@ -70,7 +70,8 @@ LEVEL_0 = {"xla_backend_optimization_level": 0}
 # (preset, --set overrides) the builders configure their workload with: the reference shapes,
 # or (--preset, --set) a smaller model for a check on a CPU (tests/bench/test_gpu_harness.py).
 SHAPES = ["reference", []]
-COLUMNS = ("workload", "batch", "step_ms", "samples_per_s", "gflop_per_sample", "tflops", "mfu")
+COLUMNS = ("workload", "batch", "step_ms", "samples_per_s", "gflop_per_sample", "tflops", "mfu",
+           "loss")
 
 
 # ----------------------------------------------------------------------------- device
@@ -359,7 +360,8 @@ def bench(name, batch, dtype, steps, seed=0, profile_path=None):
           "samples_per_s": batch / step_s,
           "gflop_per_sample": flops / batch / 1e9 if flops else None,
           "tflops": achieved / 1e12 if achieved else None,
-          "mfu": achieved / peak if achieved and peak else None}
+          "mfu": achieved / peak if achieved and peak else None,
+          "loss": float(loss)}          # the last step's: a NaN step's speed is no figure
 
 
 # ----------------------------------------------------------------------------- output
@@ -370,7 +372,8 @@ def fmt(value, digits):
   return f"{value:.{digits}f}" if isinstance(value, float) else str(value)
 
 
-DIGITS = {"step_ms": 2, "samples_per_s": 1, "gflop_per_sample": 2, "tflops": 1, "mfu": 3}
+DIGITS = {"step_ms": 2, "samples_per_s": 1, "gflop_per_sample": 2, "tflops": 1, "mfu": 3,
+          "loss": 4}
 
 
 def print_table(rows):

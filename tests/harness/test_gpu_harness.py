@@ -53,6 +53,10 @@ def test_table_row_ratios_and_verdicts():
   nan = gpu_harness.compare("resnet50", 256, {"throughput": "5597", "mfu": "nan"},
                             {"samples_per_s": "5659", "mfu": "0.135"})
   assert nan["harness_mfu"] is None and gpu_harness.verdicts(nan) == "MFU not measured"
+  diverged = gpu_harness.compare("efficientnet", 128, None, {"samples_per_s": "5402",
+                                                             "mfu": "0.013", "loss": "nan"})
+  assert gpu_harness.verdicts(diverged) == ("harness/bare not measured; MFU not measured; "
+                                            "the bare step's loss is nan")
 
 
 def test_bad_arguments_exit_2_with_one_line():
