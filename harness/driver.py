@@ -299,13 +299,16 @@ class Run:
     run_start = time.time()
     for end_step, first, count in cadence.plan(cfg.train, per_epoch, max_steps):
       block_steps = end_step - steps_done
-      if (variable and (samples_done >= first + count or steps_done >= max_steps)) or (
-          not variable and block_steps <= 0):
+      # variable: the step budget is --steps alone (the sample budget ends the plan)
+      cap = (self.opts.steps - steps_done) if self.opts.steps else None
+      if variable and samples_done >= first + count:
+        continue                              # an earlier block's last step passed this point
+      if (variable and cap is not None and cap <= 0) or (not variable and block_steps <= 0):
         break
       log.start(C.BLOCK_START, first_epoch_num=first, epoch_count=count)
       start = time.time()
       if variable:
-        metrics = self._train_samples(first + count - samples_done)
+        metrics = self._train_samples(first + count - samples_done, cap)
         steps_done, samples_done = metrics["step"], samples_done + metrics["samples"]
       else:
         metrics = self._train_block(block_steps, steps_done, per_epoch)
@@ -352,11 +355,11 @@ class Run:
                            + (f"({samples_done} samples)" if by_samples
                               else f"({steps_done / per_epoch:g} epochs)"))
 
-  def _train_samples(self, block_samples):
-    """A block of at least `block_samples` samples (a step's own count: packed rows), in one
-    call: the block's end is reported with its eval."""
+  def _train_samples(self, block_samples, max_steps=None):
+    """A block of at least `block_samples` samples (a step's own count: packed rows), or of
+    `max_steps` steps where that comes first, in one call: its end is reported with its eval."""
     with self._interruptible():
-      metrics = self.trainer.train(samples=block_samples)
+      metrics = self.trainer.train(max_steps, samples=block_samples)
     self.state["steps"] = metrics["step"]
     self._progress()
     return metrics

@@ -145,12 +145,12 @@ def test_sample_blocks_round_eval_points_up_to_whole_batches():
   assert cadence.sample_blocks(400, 50, 100) == [(0, 1), (1, 1), (2, 1), (3, 1)]
 
 
-def _bert_sample_run(tmp_path, trainer):
+def _bert_sample_run(tmp_path, trainer, steps=None):
   """BERT's mini config at batch 100, evals every 250 samples up to 1000: (row, log events)."""
   from workloads.bert import spec as bert_spec
   cfg = bert_spec.mini()
   cfg.train.global_batch_size, cfg.train.eval_every_samples, cfg.train.max_samples = 100, 250, 1000
-  opts = driver.RunOptions(framework="jax", preset="mini", seed=7,
+  opts = driver.RunOptions(framework="jax", preset="mini", seed=7, steps=steps,
                            results_path=str(tmp_path / "r.csv"), log_dir=str(tmp_path / "logs"))
   row = driver.run_all(bert_spec.SPEC, cfg, opts, lambda seed: trainer)[0]
   return row, [json.loads(l[9:]) for l in open(row.log_path) if l.startswith(":::MLLOG")]
@@ -175,10 +175,11 @@ class PackedTrainer(ScriptedTrainer):
     self.asked, self.step_samples, self.done_steps = [], [], 0
 
   def train(self, num_steps=None, *, samples=None):
-    assert num_steps is None and samples is not None
+    assert samples is not None
     self.asked.append(samples)
-    trained = 0
-    while trained < samples:
+    trained, steps = 0, 0
+    while trained < samples and (num_steps is None or steps < num_steps):
+      steps += 1
       count = (70, 90, 110)[self.done_steps % 3]
       self.step_samples.append(count)
       trained, self.done_steps = trained + count, self.done_steps + 1
@@ -197,6 +198,23 @@ def test_packed_steps_end_blocks_at_samples_and_log_those_trained(tmp_path):
   assert [e["metadata"]["first_epoch_num"] for e in events if e["key"] == "block_start"] == [0, 300, 500]
   assert row.status == "success" and row.samples_to_converge == 810 == sum(trainer.step_samples)
   assert compliance.check(row.log_path)[0]
+
+
+def test_packed_steps_honour_the_steps_cap_and_skip_eval_points_already_passed(tmp_path):
+  trainer = PackedTrainer([0.1, 0.2, 0.3], metric="masked_lm_accuracy")
+  row, events = _bert_sample_run(tmp_path, trainer, steps=5)
+  # --steps 5: 4 steps reach 340, then one more step (90) of the second block: 430 samples
+  assert trainer.asked == [300, 160] and trainer.done_steps == 5
+  assert row.status == "aborted" and row.samples_completed == 430
+  # steps of 400 samples, eval points 300, 500, 800, 1000: 400 (eval), 800 (eval; 800 passed
+  # too, so no block of its own), 1200 (eval)
+  big = PackedTrainer([0.1, 0.2, 0.3, 0.4], metric="masked_lm_accuracy")
+  big.train = lambda num_steps=None, samples=None: big.asked.append(samples) or {
+      "loss": 1.0, "lr": 0.1, "step": len(big.asked), "samples": 400}
+  _, events = _bert_sample_run(tmp_path / "big", big)
+  assert [e["metadata"]["epoch_num"] for e in events if e["key"] == "eval_accuracy"] == [400, 800,
+                                                                                          1200]
+  assert big.asked == [300, 100, 200]
 
 
 def test_listed_epoch_schedule_evaluates_at_exactly_those_epochs(tmp_path):

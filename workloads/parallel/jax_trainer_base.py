@@ -255,12 +255,13 @@ class MeshTrainer:
 
   def train(self, num_steps=None, *, samples=None):
     """A block of `num_steps` steps, or of as many as train at least `samples` samples (the
-    batches' own counts, read on the host: no sync). A step returns its loss, or {'loss',
-    'router'} with an MoE model's router figures (reported per block: moe.report). The
-    metrics carry the block's 'samples'."""
+    batches' own counts, read on the host: no sync), at most `num_steps` where both are given.
+    A step returns its loss, or {'loss', 'router'} with an MoE model's router figures
+    (reported per block: moe.report). The metrics carry the block's 'samples'."""
     batches = self._train_batches()
     outputs, trained = [], 0
-    while len(outputs) < num_steps if samples is None else trained < samples:
+    while ((samples is None or trained < samples)
+           and (num_steps is None or len(outputs) < num_steps)):
       batch, count = next(batches)
       self.state, out = self._train_step(self.state, batch)
       outputs.append(out)
