@@ -196,7 +196,7 @@ class Run:
       self.interrupted_by = signum
       row["abort_reason"] = faults.Interrupted(signum).reason + (
           " during init" if self.run_start is None else
-          f" after {row['steps'] * gbs} samples")
+          f" after {self._samples_trained(row)} samples")
     except Exception as e:  # pylint: disable=broad-except  # every run ends in a row
       line = errors.explained(e)       # e.g. a corrupt data file: its name, not a traceback
       row["abort_reason"] = (line or f"{type(e).__name__}: {e}").replace("\n", " ")[:300]
@@ -281,6 +281,8 @@ class Run:
     log.end(C.BLOCK_STOP, first_epoch_num=0, epoch_count=1)
     timed = metrics.get("samples", steps * gbs)               # packed rows count their own
     row["throughput"] = timed / elapsed
+    # describe's FLOPs are a step's over the nominal batch: MFU from the step rate
+    row["step_throughput"] = steps * gbs / elapsed
     row["samples"] = warm.get("samples", SYNTHETIC_WARMUP_STEPS * gbs) + timed
     if not math.isfinite(metrics["loss"]):
       row["abort_reason"] = f"non-finite loss {metrics['loss']}"
@@ -336,7 +338,8 @@ class Run:
       log.end(C.EVAL_STOP, epoch_num=epoch_num)
       log.end(C.BLOCK_STOP, first_epoch_num=first, epoch_count=count)
       row.update(metric=value, epochs=epoch, samples=samples_done,
-                 throughput=samples_done / train_time)
+                 throughput=samples_done / train_time,
+                 step_throughput=steps_done * gbs / train_time)
       self._progress()
       if self.tb:
         self.tb.scalars(steps_done, {"train/loss": metrics["loss"], "train/lr": metrics["lr"],
@@ -361,6 +364,7 @@ class Run:
     with self._interruptible():
       metrics = self.trainer.train(max_steps, samples=block_samples)
     self.state["steps"] = metrics["step"]
+    self.state["trained"] = self.state.get("trained", 0) + metrics["samples"]
     self._progress()
     return metrics
 
@@ -396,12 +400,17 @@ class Run:
         self._check_signals()
     return metrics
 
+  def _samples_trained(self, r):
+    """Samples trained so far: a packed step's own count (the trainer's, per block; a
+    synthetic run's in its row), else steps x the global batch."""
+    if getattr(self.trainer, "variable_samples", False):
+      return r.get("trained") or r["samples"] or 0
+    return r["steps"] * self.cfg.train.global_batch_size
+
   def _row(self, r) -> results.ResultRow:
     cfg, trainer, opts = self.cfg, self.trainer, self.opts
     synthetic = is_synthetic(cfg)
-    # samples trained: a packed step's own count (the trainer's), else steps x the batch
-    counted = getattr(trainer, "variable_samples", False) and r["samples"] is not None
-    completed = r["samples"] if counted else r["steps"] * cfg.train.global_batch_size
+    completed = self._samples_trained(r)
     return results.ResultRow(
         run_id=self.run_id, started_at=self.started_at,
         system=opts.system or socket.gethostname(), workload=self.spec.name,
@@ -415,8 +424,8 @@ class Run:
         global_batch_size=cfg.train.global_batch_size, num_devices=trainer.num_devices,
         device_kind=trainer.device_kind, mesh=trainer.mesh_description, seed=self.seed,
         throughput=r["throughput"],
-        mfu=devices.mfu(r["flops"], r["throughput"], trainer.device_kind, trainer.num_devices,
-                        cfg.train.precision),
+        mfu=devices.mfu(r["flops"], r.get("step_throughput") or r["throughput"],
+                        trainer.device_kind, trainer.num_devices, cfg.train.precision),
         host=socket.gethostname(), git_commit=_git_commit(), versions=_versions(),
         log_path=self.log_path,
         epochs_completed=(None if synthetic or not r["steps"] else

@@ -51,6 +51,11 @@ class BertTrainer(MeshTrainer):
   def __init__(self, cfg, ctx):
     super().__init__(cfg, ctx)
     self.variable_samples = cfg.data.packing      # packed rows: each step its own count
+    rows = spec.packed_rows(cfg, cfg.train.global_batch_size)
+    if cfg.data.packing and rows % self.runtime.shape.batch_shards:
+      raise ValueError(f"data.packing=true: a step's {rows} rows (train.global_batch_size / "
+                       f"data.packing_factor) do not split over {self.runtime.shape.batch_shards}"
+                       " data replicas; allowed: a batch whose rows they divide")
     self.model = jax_model.build(cfg, self.dtype)
     self.schedule = spec.schedule_for(cfg)
     self.tx = jax_optimizers.make_lamb(cfg.optimizer, self.schedule)

@@ -40,6 +40,8 @@ def step_flops(train_step, lowered, *args):
   logging.getLogger().setLevel(logging.ERROR)   # it warns once per op it has no rule for
   try:
     flops = roofline.roofline(train_step)(*args)[1].unfused_flops
+  except Exception:  # pylint: disable=broad-except  # an op it cannot trace: no count, no abort
+    flops = None
   finally:
     logging.getLogger().setLevel(level)
   return (float(flops), "jaxpr roofline") if flops else (None, "no count")
