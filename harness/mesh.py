@@ -228,8 +228,10 @@ class Refusal:
   reason: Callable[[dict], str]                 # axes -> the one-line error, what is allowed
 
 
-def _stage_with(axes):
-  return next((a for a in ("model", "spatial", "expert") if axes[a] > 1), None)
+def _stage_with(axes, *allowed):
+  """The first axis beside `stage` the pipeline does not run with (those `allowed` aside)."""
+  return next((a for a in ("model", "spatial", "expert") if axes[a] > 1 and a not in allowed),
+              None)
 
 
 # Which mesh axes combine, in which framework: the one table. check_fits refuses the first row
@@ -239,9 +241,13 @@ def _stage_with(axes):
 # split_dims and check_framework; what only a started runtime knows (the replicas a worker
 # holds) stays in the runtime.
 COMPOSITION = (
-    Refusal("any", lambda a, p: a["stage"] > 1 and _stage_with(a) is not None,
-            lambda a: f"--mesh stage={a['stage']} with {_stage_with(a)}={a[_stage_with(a)]}: "
-                      "the pipeline runs over stage and data only; allowed: stage=K,data=D"),
+    Refusal("any", lambda a, p: a["stage"] > 1 and _stage_with(a, "model") is not None,
+            lambda a: f"--mesh stage={a['stage']} with {_stage_with(a, 'model')}="
+                      f"{a[_stage_with(a, 'model')]}: the pipeline runs over stage, data and "
+                      "(JAX) model only; allowed: stage=K,data=D,model=M"),
+    Refusal("tf", lambda a, p: a["stage"] > 1 and a["model"] > 1,
+            lambda a: f"--mesh stage={a['stage']},model={a['model']} in TF: its pipeline places "
+                      "whole stages on devices; allowed: both in JAX, or one in TF"),
     Refusal("any", lambda a, p: a["stage"] > 1 and p.bn_group_size,
             lambda a: "--bn-group-size with --mesh stage: pipelined batch norm normalises each "
                       "micro-batch over the data axis; allowed: --bn-group-size 0"),

@@ -148,5 +148,8 @@ def test_one_composition_table_refuses_per_framework():
                               num_processes=2 if "num_processes" in flags else 1)
     assert composition_refusal("tf", parallel.axes(), parallel).startswith(message), text
     assert composition_refusal("jax", parallel.axes(), parallel) is None, text
-  both = ParallelConfig(mesh="data=1,stage=2,model=2", bn_group_size=1)
-  assert composition_refusal("jax", both.axes(), both).startswith("--mesh stage=2 with model=2")
+  # data x stage x model: GSPMD over model inside JAX's pipeline; TF places whole stages
+  both = ParallelConfig(mesh="data=2,stage=2,model=2")
+  assert composition_refusal("jax", both.axes(), both) is None
+  assert composition_refusal("tf", both.axes(), both).startswith(
+      "--mesh stage=2,model=2 in TF: its pipeline places whole stages on devices")

@@ -56,5 +56,5 @@ def test_check_refuses_before_any_framework():
   spatial = ParallelConfig(mesh="data=1,stage=2,spatial=2")
   for framework in ("jax", "tf"):
     assert mesh.composition_refusal(framework, spatial.axes(), spatial) == (
-        "--mesh stage=2 with spatial=2: the pipeline runs over stage and data only; allowed: "
-        "stage=K,data=D")
+        "--mesh stage=2 with spatial=2: the pipeline runs over stage, data and (JAX) model "
+        "only; allowed: stage=K,data=D,model=M")

@@ -58,10 +58,13 @@ def transformer_reference():
 
 
 def transformer_pipelined(t, batch, rng, remat=False, fill=0.0):
+  """The pipelined loss and gradients from the trainer's parameters in their layout (split on
+  `model` when the mesh has one), traced as the trainer traces (activations laid out)."""
   fn = functools.partial(transformer_trainer.pipelined_loss_and_grads, t.model, t.runtime,
                          t.stage_cut, label_smoothing=0.1, remat=remat, bubble_fill=fill)
   rng = jax.device_put(rng, t.runtime.replicated)
-  return jax.device_get(jax.jit(fn)(jax.device_get(t.state.params), batch, rng))
+  with t.runtime.tracing():
+    return jax.device_get(jax.jit(fn)(t.state.params, batch, rng))
 
 
 @pytest.mark.parametrize("stages,microbatches", GRID)
@@ -76,7 +79,7 @@ def test_transformer_pipelined_equals_one_device(stages, microbatches):
 
 
 @pytest.mark.parametrize("mesh,microbatches,remat,fill", [
-    ("stage=2,data=2", 4, False, 0.0), ("stage=4,data=2", 2, True, 0.0),
+    ("stage=2,data=2,model=2", 4, False, 0.0), ("stage=4,data=2", 2, True, 0.0),
     ("stage=2,data=1", 4, True, float("nan"))])      # (stage=4,data=1 M=8: GRID's, suite time)
 def test_transformer_with_data_axis_remat_and_nan_bubbles(mesh, microbatches, remat, fill):
   batch, rng, (loss, grads) = transformer_reference()
@@ -88,7 +91,16 @@ def test_transformer_with_data_axis_remat_and_nan_bubbles(mesh, microbatches, re
 
 
 def test_transformer_two_pipelined_steps_equal_two_steps_on_one_device():
-  one, piped = transformer("stage=1,data=1", 1, True), transformer("stage=4,data=2", 2, True)
+  """3-D parallelism: data x stage x model (GSPMD over model inside each stage's manual
+  shard_map): the weights split on model, the step's model all-reduces, stage shifts and one
+  gradient all-reduce over data and stage, and two steps equal one device's."""
+  one = transformer("stage=1,data=1", 1, True)
+  piped = transformer("stage=2,data=2,model=2", 2, True)
+  kernel = piped.state.params["decoder"]["layer_0"]["ffn"]["filter"]["kernel"]
+  assert kernel.sharding.spec == jax.sharding.PartitionSpec(None, "model")
+  collectives = piped.runtime.collectives_by_axis(piped._train_step.as_text())  # pylint: disable=protected-access
+  assert {("all-reduce", "model"), ("collective-permute", "stage"),
+          ("all-reduce", "data+stage")} <= set(collectives)
   for t in (one, piped):
     batch = t.synthetic_batch()                    # the same values, on each trainer's mesh
     for _ in range(2):

@@ -1,5 +1,6 @@
 """GPipe mini runs through the command line, as a user starts them: the Transformer with 4
-micro-batches on stage=2,data=2 in JAX (4 simulated devices) and on stage=2 in TF (2: data x
+micro-batches on data=2,stage=2,model=2 in JAX (8 simulated devices: 3-D parallelism, GSPMD
+over model inside each stage) and on stage=2 in TF (2: data x
 stage in TF is its float64 equality test's point, test_tf_pipeline.py) reach their mini targets
 (ResNet-50's pipelined step, batch-norm statistics included, is its equality tests' point in
 both frameworks: test_jax_pipeline.py, test_tf_pipeline.py), the row records the layout and the log passes the
@@ -13,7 +14,7 @@ from tests.conftest import run_to_target
 
 pytestmark = pytest.mark.slow
 
-RUNS = [("jax", "transformer", "4", "data=2,stage=2", 85.0, "4"),
+RUNS = [("jax", "transformer", "8", "data=2,model=2,stage=2", 85.0, "4"),
         ("tf", "transformer", "2", "data=1,stage=2", 85.0, "4")]
 
 

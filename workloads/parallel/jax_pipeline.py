@@ -81,9 +81,10 @@ def sharded(runtime, local_fn, replicated_args):
   """local_fn(*args, batch) per device under shard_map over the whole mesh: the first
   `replicated_args` arguments whole on every device, the batch split over DATA; every output
   must be the same on all devices (local_fn reduces it over `stage` and DATA)."""
+  manual = {STAGE, *DATA}
   return jax.shard_map(local_fn, mesh=runtime.mesh,
                        in_specs=(P(),) * replicated_args + (P(DATA),), out_specs=P(),
-                       check_vma=False)
+                       axis_names=manual, check_vma=False)
 
 
 class Boundary:

@@ -284,7 +284,17 @@ def constrain(x, logical_axes):
   runtime = _TRACING.get()
   if runtime is None or (runtime.model == 1 and runtime.expert == 1):
     return x
-  return jax.lax.with_sharding_constraint(x, runtime.sharding(logical_axes, x.shape))
+  sharding = runtime.sharding(logical_axes, x.shape)
+  manual = set(getattr(jax.sharding.get_abstract_mesh(), "manual_axes", ()) or ())
+  if not manual:
+    return jax.lax.with_sharding_constraint(x, sharding)
+  # inside a partially manual shard_map (the pipeline: manual over stage and data, GSPMD over
+  # model): only the automatic axes, named on the context's mesh
+  def auto(entry):
+    names = tuple(a for a in (entry if isinstance(entry, tuple) else (entry,))
+                  if a is not None and a not in manual)
+    return names if len(names) > 1 else (names[0] if names else None)
+  return jax.lax.with_sharding_constraint(x, P(*(auto(e) for e in sharding.spec)))
 
 
 def path_name(path) -> str:
