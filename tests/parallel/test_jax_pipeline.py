@@ -79,8 +79,9 @@ def test_transformer_pipelined_equals_one_device(stages, microbatches):
 
 
 @pytest.mark.parametrize("mesh,microbatches,remat,fill", [
-    ("stage=2,data=2,model=2", 4, False, 0.0), ("stage=4,data=2", 2, True, 0.0),
-    ("stage=2,data=1", 4, True, float("nan"))])      # (stage=4,data=1 M=8: GRID's, suite time)
+    ("stage=2,data=2", 4, False, 0.0), ("stage=4,data=2", 2, True, 0.0),
+    ("stage=2,data=1", 4, True, float("nan"))])      # (stage=4,data=1 M=8: GRID's, suite time;
+                                                     # data x stage x model: the two-step test)
 def test_transformer_with_data_axis_remat_and_nan_bubbles(mesh, microbatches, remat, fill):
   batch, rng, (loss, grads) = transformer_reference()
   got_loss, got_grads, _ = transformer_pipelined(transformer(mesh, microbatches), batch, rng,
