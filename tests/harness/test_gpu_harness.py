@@ -65,3 +65,22 @@ def test_bad_arguments_exit_2_with_one_line():
   assert gpu_harness.main(["--batch", "bert=x"]) == 2
   assert gpu_harness.main(["--workloads", "bert", "--variant", "ssd:data.packing=true"]) == 2
   assert gpu_harness.main(["--variant", "bert"]) == 2
+
+
+@pytest.mark.slow
+def test_nan_probe_names_the_first_non_finite_leaves_and_the_op(tmp_path):
+  """bench/nan_probe.py on ResNet's tiny model with a learning rate that must diverge: the
+  first finite steps print their losses, the step that breaks names the state's non-finite
+  leaves, and the re-run under jax.debug_nans names the primitive and the workload's line."""
+  proc = subprocess.run(
+      [sys.executable, "bench/nan_probe.py", "resnet50", "--preset", "tiny", "--steps", "6",
+       "--set", "data.source=synthetic", "--set", "optimizer.base_learning_rate=1e30"],
+      cwd=ROOT, env=clean_env(), capture_output=True, text=True, timeout=600)
+  out = proc.stdout
+  assert proc.returncode == 1, out + proc.stderr[-3000:]
+  assert out.splitlines()[0].startswith("resnet50 (tiny, float32) on ")
+  assert "step 0: loss " in out
+  broken = [line for line in out.splitlines() if "non-finite: .params[" in line]
+  assert len(broken) == 1
+  assert "FloatingPointError: invalid value (nan)" in out
+  assert "  workloads/resnet/" in out

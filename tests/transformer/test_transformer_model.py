@@ -281,3 +281,24 @@ def test_projection_equations_read_as_tensordot_axes():
   for equation in ("bld,nhd->blnh", "blnh,hnd->bld", "bld,dnh->bnlh"):
     with pytest.raises(ValueError, match=f"equation '{re.escape(equation)}': allowed"):
       tf_model.contracted_dims(equation)
+
+
+def test_logits_matmul_runs_in_the_compute_dtype_and_returns_float32():
+  """Under bf16 the tokens x hidden x vocab matmul takes bf16 operands (as the Keras model's
+  tensordot in the compute dtype; Embed.attend would promote it to the float32 table), and the
+  logits come back float32 for the softmax; the float32 logits equal Embed.attend's."""
+  cfg = workload_config(spec, _small())
+  ids = jnp.ones((2, 5), jnp.int32)
+  params = jax.jit(jax_model.build(cfg).init)(jax.random.key(0), ids, ids)["params"]
+  bf16 = jax_model.build(cfg, jnp.bfloat16)
+  jaxpr = jax.make_jaxpr(lambda p: bf16.apply({"params": p}, ids, ids))(params)
+  vocab = cfg.model.vocab_size
+  dots = [e for e in jaxpr.eqns if e.primitive.name == "dot_general"
+          and e.outvars[0].aval.shape[-1] == vocab]
+  assert dots and all(v.aval.dtype == jnp.bfloat16 for e in dots for v in e.invars)
+  assert bf16.apply({"params": params}, ids, ids).dtype == jnp.float32
+  f32 = jax_model.build(cfg)
+  x = jax.random.normal(jax.random.key(1), (2, 5, cfg.model.hidden_size))
+  ours = f32.apply({"params": params}, x, method=jax_model.Transformer.logits)
+  attend = x @ params["embedding_shared"]["embedding"].T
+  np.testing.assert_allclose(ours, attend, rtol=1e-6, atol=1e-6)

@@ -333,7 +333,12 @@ class Transformer(nn.Module):
                         inputs != PAD_ID), bias
 
   def logits(self, x):
-    return constrain(self.embedding_shared.attend(x.astype(self.dtype)).astype(
+    """The shared embedding's attend in the compute dtype, cast to float32 after it: the
+    tokens x hidden x vocab matmul is 8% of a step's FLOPs, and Embed.attend promotes to the
+    float32 table (TF32 GEMMs, 10 of an 82 ms step on an H100: docs/benchmarks.md). The
+    lookup keeps the float32 table, so its gradient's scatter-add stays float32."""
+    table = self.embedding_shared.embedding.astype(self.dtype)
+    return constrain(jnp.einsum("...h,vh->...v", x.astype(self.dtype), table).astype(
         accumulation_dtype(self.dtype)), ("batch", "length", "vocab"))
 
   def __call__(self, inputs, targets, train=False, packed=None):
