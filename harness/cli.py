@@ -436,7 +436,9 @@ def _peak_line(trainer, precision, flops_per_example) -> str:
 def _print_layout(info, batch):
   """describe's per-device bytes, the parameters a model axis splits or leaves whole, and the
   step's collectives (JAX: from the compiled HLO, by the mesh axes they span)."""
-  print(f"parameters / device:      {info.parameter_bytes_per_device:,} bytes")
+  whole = info.parameter_bytes_without_stages
+  print(f"parameters / device:      {info.parameter_bytes_per_device:,} bytes"
+        + (f" (its stage's own and the shared; without stages: {whole:,})" if whole else ""))
   print(f"optimizer state / device: {info.optimizer_state_bytes_per_device:,} bytes")
   if info.activation_bytes_per_device is not None:
     print(f"activations / device:     {info.activation_bytes_per_device:,} bytes (the compiled "

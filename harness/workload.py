@@ -123,6 +123,9 @@ class Description:
   parameters: int
   parameter_bytes_per_device: int           # read from the arrays' shards / the variables
   optimizer_state_bytes_per_device: int
+  # with pipeline stages that own their weights: the parameter bytes of the whole model, what
+  # each device held before (beside parameter_bytes_per_device)
+  parameter_bytes_without_stages: int | None = None
   # the step program's FLOPs per example: XLA's cost analysis (JAX), the traced graph's ops (TF)
   train_flops_per_example: float | None = None
   flops_missing: str = ""

@@ -15,10 +15,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from flax import traverse_util
+
 from harness import pipeline
 from harness.workload import RunContext
 from tests.parallel.test_jax_model_parallel import float64_trainer, transformer_config
 from workloads.common import jax_top1
+from workloads.parallel import jax_runtime, jax_stage_weights
 from workloads.resnet import jax_trainer as resnet_trainer
 from workloads.resnet import spec as resnet_spec
 from workloads.transformer import jax_model as transformer_model
@@ -61,10 +64,12 @@ def transformer_pipelined(t, batch, rng, remat=False, fill=0.0):
   """The pipelined loss and gradients from the trainer's parameters in their layout (split on
   `model` when the mesh has one), traced as the trainer traces (activations laid out)."""
   fn = functools.partial(transformer_trainer.pipelined_loss_and_grads, t.model, t.runtime,
-                         t.stage_cut, label_smoothing=0.1, remat=remat, bubble_fill=fill)
+                         t.stage_cut, label_smoothing=0.1, remat=remat, bubble_fill=fill,
+                         weights=t.stage_weights)
   rng = jax.device_put(rng, t.runtime.replicated)
   with t.runtime.tracing():
-    return jax.device_get(jax.jit(fn)(t.state.params, batch, rng))
+    loss, grads, iterations = jax.device_get(jax.jit(fn)(t.state.params, batch, rng))
+  return loss, jax.device_get(t.params_of(grads)), iterations   # stage-owned rows unpacked
 
 
 @pytest.mark.parametrize("stages,microbatches", GRID)
@@ -97,16 +102,68 @@ def test_transformer_two_pipelined_steps_equal_two_steps_on_one_device():
   gradient all-reduce over data and stage, and two steps equal one device's."""
   one = transformer("stage=1,data=1", 1, True)
   piped = transformer("stage=2,data=2,model=2", 2, True)
+  owned = transformer("stage=4,data=2", 2, True)        # stages own their weights (no model)
   kernel = piped.state.params["decoder"]["layer_0"]["ffn"]["filter"]["kernel"]
   assert kernel.sharding.spec == jax.sharding.PartitionSpec(None, "model")
   collectives = piped.runtime.collectives_by_axis(piped._train_step.as_text())  # pylint: disable=protected-access
   assert {("all-reduce", "model"), ("collective-permute", "stage"),
           ("all-reduce", "data+stage")} <= set(collectives)
-  for t in (one, piped):
+  for t in (one, piped, owned):
     batch = t.synthetic_batch()                    # the same values, on each trainer's mesh
     for _ in range(2):
       t.state, _ = t._train_step(t.state, batch)   # pylint: disable=protected-access
   assert_close(jax.device_get(piped.state.params), jax.device_get(one.state.params))
+  # stage-owned: TF-Adam's per-parameter state, updated per stage on each stage's own tree
+  assert_close(jax.device_get(owned.params_of(owned.state)), jax.device_get(one.state.params))
+
+
+def test_stages_own_their_weights_and_optimizer_state():
+  """stage=4,data=2: a device's shard of the stages' rows unpacks to exactly its stage's own
+  layers' parameters (values equal to one device's), the per-device bytes read from the arrays
+  are those and the shared embedding's, the optimizer state's likewise; eval (each batch's
+  program gathers the rows) equals one device's."""
+  one = transformer("stage=1,data=1", 1, True)
+  t = transformer("stage=4,data=2", 2, True)
+  weights, whole = t.stage_weights, jax.device_get(one.state.params)
+  flat_whole = {"/".join(k): v for k, v in traverse_util.flatten_dict(whole).items()}
+  assert weights.shared == ["embedding_shared/embedding"]    # read by stages 0, 2 and 3
+  for k, paths in enumerate(weights.owned):                  # encoder 0, encoder 1 + norm, ...
+    stack = "encoder" if k < 2 else "decoder"
+    assert paths and all(p.startswith((f"{stack}/layer_{k % 2}/", f"{stack}/output_norm/"))
+                         for p in paths)
+  rows = t.state.params[jax_stage_weights.ROWS]
+  for shard in rows.addressable_shards:
+    k = shard.index[0].start                                 # the stage this device serves
+    assert shard.data.shape == (1, weights.width)
+    own = traverse_util.flatten_dict(weights.own(np.asarray(shard.data)[0], k), sep="/")
+    assert sorted(own) == weights.owned[k]
+    assert_close(own, {p: flat_whole[p] for p in weights.owned[k]})
+  embedding = flat_whole["embedding_shared/embedding"].nbytes
+  own_bytes = [sum(flat_whole[p].nbytes for p in paths) for paths in weights.owned]
+  assert weights.width * 8 == max(own_bytes)
+  assert jax_runtime.per_device_bytes(t.state.params) == max(own_bytes) + embedding
+  total = sum(v.nbytes for v in flat_whole.values())
+  assert sum(own_bytes) + embedding == total
+  assert jax_runtime.per_device_bytes(t.state.params) < 0.5 * total
+  # TF-Adam: m and v of the stage's own parameters (and the step count) in one row
+  state_rows = t.state.opt_state[jax_stage_weights.ROWS]
+  assert state_rows.sharding.spec == jax.sharding.PartitionSpec("stage", None)
+  assert state_rows.addressable_shards[0].data.shape[1] == 2 * weights.width + 1
+  info = t.describe()
+  assert info.parameter_bytes_per_device == max(own_bytes) + embedding
+  assert info.parameter_bytes_without_stages == total and info.parameters == total // 8
+  # eval on the gathered tree: the beam search's tokens equal one device's
+  rng = np.random.default_rng(0)
+  size = t.eval_batch_size()
+  batch = {"inputs": rng.integers(2, 48, (size, t.cfg.data.eval_max_length)).astype(np.int32),
+           "index": np.arange(size, dtype=np.int32), "mask": np.ones(size, np.float32)}
+  outputs = []
+  for trainer in (one, t):
+    placed = trainer.runtime.shard_batch(batch, trainer.batch_axes(True))
+    with trainer.runtime.tracing():
+      outputs.append(jax.device_get(jax.jit(trainer._eval_on_whole_params)(  # pylint: disable=protected-access
+          trainer.state, placed)))
+  np.testing.assert_array_equal(outputs[1]["tokens"], outputs[0]["tokens"])
 
 
 # ------------------------------------------------------------------ ResNet
@@ -158,12 +215,17 @@ def resnet_reference(microbatches, data=1):
 
 
 def resnet_pipelined(t, batch, remat=False, fill=0.0):
+  """One device's parameters in `t`'s form (stage-owned rows), its pipelined loss, gradients
+  (unpacked to the whole tree), statistics and iterations."""
   one, _ = resnet_batch()
   fn = functools.partial(resnet_trainer.pipelined_loss_and_grads, t.model, t.runtime,
                          t.stage_cut, num_classes=10, label_smoothing=0.1, remat=remat,
-                         bubble_fill=fill)
-  return jax.device_get(jax.jit(fn)(*jax.device_get((one.state.params,
-                                                     one.state.batch_stats)), batch))
+                         bubble_fill=fill, weights=t.stage_weights)
+  params, stats = jax.device_get((one.state.params, one.state.batch_stats))
+  if t.stage_weights is not None:
+    params = t.stage_weights.store(params)
+  loss, grads, stats, iterations = jax.device_get(jax.jit(fn)(params, stats, batch))
+  return loss, jax.device_get(t.params_of(grads)), stats, iterations
 
 
 # The schedule's grid is the Transformer's (the schedule is the same code for every model);
@@ -197,8 +259,8 @@ def test_resnet_with_data_axis_remat_and_nan_bubbles(mesh, microbatches, remat, 
 
 
 def test_resnet_two_pipelined_steps_equal_two_micro_batched_steps():
-  """The trainer's compiled step (LARS, pipelined, remat) against the reference's gradients
-  and statistics applied by the same optimizer."""
+  """The trainer's compiled step (LARS, pipelined, remat, stages owning their weights) against
+  the reference's gradients and statistics applied by the same optimizer."""
   one, batch = resnet_batch()
   piped = resnet("stage=4,data=1", 4, remat=True, compiled=True)
   state, piped_batch = one.state, piped.synthetic_batch()   # float32 images: the same values
@@ -220,7 +282,9 @@ def test_resnet_two_pipelined_steps_equal_two_micro_batched_steps():
       return jax.value_and_grad(loss_fn, has_aux=True)(params)
     (_, stats), grads = jax.jit(reference)(state.params, state.batch_stats)
     state = state.apply_gradients(grads=grads, batch_stats=stats)
-  assert_close(jax.device_get(piped.state.params), jax.device_get(state.params))
+  # stage-owned: LARS's per-layer trust ratios and exclusions on each stage's own tree
+  assert piped.stage_weights is not None
+  assert_close(jax.device_get(piped.params_of(piped.state)), jax.device_get(state.params))
   assert_close(jax.device_get(piped.state.batch_stats), jax.device_get(state.batch_stats))
 
 

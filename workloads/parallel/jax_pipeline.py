@@ -14,9 +14,10 @@ recomputes the stage's forward and only the stage boundaries stay in memory.
 Bubbles (iterations where a stage has no micro-batch yet, or no more) compute on zeros, not on
 whatever is in the buffer: `x` is selected to zero before the stage runs and `out` to zero
 after, so neither the forward values nor the gradients can take anything from a bubble (the
-tests fill the buffers with NaN to prove it). The parameters are whole on every device (the
-optimizer, LARS's per-layer trust ratios included, sees the same tree as without a pipeline);
-each device computes only its own stage's gradients, and one psum over `stage` assembles them.
+tests fill the buffers with NaN to prove it). A workload's parameters are whole on every
+device (one psum over `stage` assembles each device's own stage's gradients), or, where it
+owns stage weights (the Transformer), each stage's own live on its devices only and their
+gradients stay there (jax_stage_weights.py).
 
 Stages whose boundaries differ in shape (ResNet's blocks) send a flat buffer of the largest
 boundary (`Boundary`); stages with one boundary shape (the Transformer's) send it as it is.
@@ -77,13 +78,18 @@ def run(stage_fns, params, inputs, carry, *, stages, microbatches_count, remat=F
   return acc, count
 
 
-def sharded(runtime, local_fn, replicated_args):
-  """local_fn(*args, batch) per device under shard_map over the whole mesh: the first
-  `replicated_args` arguments whole on every device, the batch split over DATA; every output
-  must be the same on all devices (local_fn reduces it over `stage` and DATA)."""
+def sharded(runtime, local_fn, replicated_args, param_specs=None, outputs=3):
+  """local_fn(*args, batch) per device under shard_map, manual over `stage` and DATA: the
+  first `replicated_args` arguments whole on every device, the batch split over DATA; every
+  output must be the same on all devices (local_fn reduces it over `stage` and DATA).
+  `param_specs`: the first argument's specs instead (stage-owned weights: their rows split
+  over `stage`, jax_stage_weights.py), and the second of the `outputs` (its gradient) the same."""
   manual = {STAGE, *DATA}
-  return jax.shard_map(local_fn, mesh=runtime.mesh,
-                       in_specs=(P(),) * replicated_args + (P(DATA),), out_specs=P(),
+  in_specs, out_specs = (P(),) * replicated_args + (P(DATA),), P()
+  if param_specs is not None:
+    in_specs = (param_specs,) + in_specs[1:]
+    out_specs = (P(), param_specs) + (P(),) * (outputs - 2)
+  return jax.shard_map(local_fn, mesh=runtime.mesh, in_specs=in_specs, out_specs=out_specs,
                        axis_names=manual, check_vma=False)
 
 

@@ -178,10 +178,13 @@ class MeshRuntime:
     """Params per the workload's param_axes table, the optimizer state like its parameter (the
     leaf whose path ends with the parameter's, e.g. '0/mu/<param path>') per `update_sharding`,
     other state (batch stats, step, keys) replicated."""
-    self.param_layouts = {}
+    # param_layouts_extra: layouts of leaves no table names (stage-owned rows: split on stage)
+    self.param_layouts = dict(getattr(self, "param_layouts_extra", {}))
     if param_axes:
       for path, leaf in jax.tree_util.tree_leaves_with_path(state_shapes.params):
         name = path_name(path)
+        if name in self.param_layouts:
+          continue
         self.param_layouts[name] = mesh_lib.logical_to_mesh(
             mesh_lib.param_axes(param_axes, name, len(leaf.shape)), self.shape, shape=leaf.shape)
     shardings = jax.tree.map(lambda _: self.replicated, state_shapes)
@@ -222,7 +225,10 @@ class MeshRuntime:
     """{'split': {path: layout}, 'whole': {path: logical dims the mesh would split but does
     not divide}} for `describe`: which parameters the mesh's non-data axes split."""
     split, whole = {}, {}
+    extra = getattr(self, "param_layouts_extra", {})
     for path, layout in self.param_layouts.items():
+      if path in extra:                  # no parameter of the model's own (stage-owned rows)
+        continue
       if any(a not in (None, "data") for a in layout):
         split[path] = layout
       logical = mesh_lib.param_axes(param_axes, path, len(layout))

@@ -35,7 +35,7 @@ from jax.experimental import multihost_utils
 from harness import mesh, pipeline as gpipe
 from harness.workload import Description, PipelineDescription, is_synthetic
 from workloads.common import host_tf, moe
-from workloads.parallel import jax_flops, jax_runtime
+from workloads.parallel import jax_flops, jax_runtime, jax_stage_weights
 
 # tf.data only feeds the host here, and only where a pipeline reads files (workloads/common/
 # host_tf.py): TensorFlow, if it loads, is kept off any GPU so JAX has all their memory.
@@ -80,6 +80,11 @@ class MeshTrainer:
   def eval_step(self, state, batch):
     """Device: the outputs of one eval batch (default protocol: [correct, counted])."""
     raise NotImplementedError
+
+  # Whether the workload's pipeline reads its parameters through self.stage_weights (then,
+  # with --mesh stage=K, each stage's own parameters and optimizer state live on its devices
+  # only: jax_stage_weights.py); its pipelined loss and eval step read them with params_of.
+  owns_stage_weights = False
 
   def accumulate(self, acc, outputs):
     """Adds one batch's outputs (spec.evaluator: device arrays, or host numpy when on_host)."""
@@ -147,7 +152,7 @@ class MeshTrainer:
             for k, (shape, dtype, axes) in self.batch_layout(batch_size, with_mask).items()}
 
   def initial_state(self, shardings, *args):
-    """self.create_state(*args), placed on the mesh. Compiled at XLA's backend optimisation
+    """self.create_state(*args) (stage-owned: stored_state), placed on the mesh. Compiled at XLA's backend optimisation
     level 0: it runs once, and at the default level its compile (every initialiser's threefry
     bits and normal transforms) took longer than the train step's (EfficientNet tiny 16.8 s
     against 6.3 s at level 0, ResNet tiny 6.5 s against 1.4 s, 2 CPU cores). The values equal
@@ -155,22 +160,56 @@ class MeshTrainer:
     When describing: the state's shapes only (nothing initialised)."""
     if self.describing:
       return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
-                          jax.eval_shape(self.create_state, *args), shardings)
-    create = jax.jit(self.create_state, out_shardings=shardings)
+                          jax.eval_shape(self.stored_state, *args), shardings)
+    create = jax.jit(self.stored_state, out_shardings=shardings)
     return create.lower(*args).compile(compiler_options=LEVEL_0)(*args)
 
   def init(self):
     """Initialises the state on the mesh (create_state, then load_weights) and compiles both
     steps, before run_start."""
     rng = jax.random.key(self.ctx.seed)
-    shardings = self.state_shardings(self.create_state, rng)
+    self.stage_weights = None
+    # (beside a model axis the stages' rows would have to be split per tensor on it: there
+    # the weights stay whole over stage and split on model, as without owned weights)
+    if self.owns_stage_weights and self.runtime.stage > 1 and self.runtime.model == 1:
+      self.stage_weights = jax_stage_weights.StageWeights(
+          jax.eval_shape(self.create_state, rng).params, self.spec.pipeline_layers(self.cfg),
+          self.stage_cut)
+    shardings = self.state_shardings(self.stored_state, rng)
     self.state = self.initial_state(shardings, rng)
     if not self.describing:
       self.state = self.load_weights(self.state, shardings)
     self.compile_steps(self.train_step_fn(), shardings)
 
+  def stored_state(self, rng):
+    """create_state's state as it is kept: with stage-owned weights, the parameters in their
+    stored form and the optimizer run per stage on them (jax_stage_weights.py)."""
+    state = self.create_state(rng)
+    if getattr(self, "stage_weights", None) is None:
+      return state
+    stored = self.stage_weights.store(state.params)
+    tx = self.stage_weights.optimizer(state.tx, self.runtime.mesh)
+    return state.replace(params=stored, tx=tx, opt_state=tx.init(stored))
+
+  def _eval_on_whole_params(self, state, batch):
+    """The eval step on the whole parameter tree: with stage-owned weights each eval batch's
+    program gathers the stages' rows first (the beam search does not decode through the
+    stages: that would send its cache over the pipeline at every decode step)."""
+    if getattr(self, "stage_weights", None) is not None:
+      state = state.replace(params=self.params_of(state))
+    return self.eval_step(state, batch)
+
+  def params_of(self, state_or_params):
+    """The whole parameter tree of a state (or of its `params`, or of a gradient of them):
+    with stage-owned weights the stages' rows unpacked (on a mesh: gathered over `stage`)."""
+    params = getattr(state_or_params, "params", state_or_params)
+    weights = getattr(self, "stage_weights", None)
+    return params if weights is None else weights.full(params)
+
   def state_shardings(self, create_state, rng):
     """Shardings of the state `create_state(rng)` builds, per the runtime's layout rules."""
+    if getattr(self, "stage_weights", None) is not None:
+      self.runtime.param_layouts_extra = {jax_stage_weights.ROWS: ("stage", None)}
     return self.runtime.state_shardings(jax.eval_shape(create_state, rng),
                                         self.spec.param_axes)
 
@@ -181,8 +220,9 @@ class MeshTrainer:
     if not self.stage_cut:
       return None
     remat = self.cfg.parallel.remat if remat is None else remat
+    owned = {"weights": self.stage_weights} if self.owns_stage_weights else {}
     return functools.partial(loss_and_grads, self.model, self.runtime, self.stage_cut,
-                             remat=remat)
+                             remat=remat, **owned)
 
   def compile_steps(self, train_step, state_shardings):
     """AOT-compiles the train step (state donated) and, where there is an eval split, the eval
@@ -204,7 +244,7 @@ class MeshTrainer:
     if self.describing or is_synthetic(self.cfg):
       return
     with self.runtime.tracing():
-      lowered = jax.jit(self.eval_step).lower(
+      lowered = jax.jit(self._eval_on_whole_params).lower(
           self.state, self.batch_shapes(self.eval_batch_size(), with_mask=True))
     self._eval_step = lowered.compile()
 
@@ -300,17 +340,14 @@ class MeshTrainer:
 
   def parameter_sizes(self):
     """{parameter path: element count}, from shapes (nothing initialised)."""
-    params = self.state.params if hasattr(self, "state") else jax.eval_shape(
-        self.create_state, jax.random.key(0)).params
+    params = jax.eval_shape(self.create_state, jax.random.key(0)).params   # the whole tree
     return {jax_runtime.path_name(path): math.prod(leaf.shape)
             for path, leaf in jax.tree_util.tree_leaves_with_path(params)}
 
   def parameter_count(self):
     """Trainable parameters, from the state's shapes (nothing initialised or compiled): what
     the gradient all-reduce moves (`simulate --workload`)."""
-    params = self.state.params if hasattr(self, "state") else jax.eval_shape(
-        self.create_state, jax.random.key(0)).params
-    return int(sum(math.prod(x.shape) for x in jax.tree.leaves(params)))
+    return int(sum(self.parameter_sizes().values()))
 
   def _describe_pipeline(self):
     """GPipe's figures: the stage cut (layers and the parameters each stage computes with),
@@ -371,11 +408,15 @@ class MeshTrainer:
     if not hasattr(self, "_train_step") and not (rt.abstract and hasattr(self, "state")):
       self.describing = True
       self.init()
+    weights = getattr(self, "stage_weights", None)
     info = Description(
-        parameters=sum(math.prod(x.shape) for x in jax.tree.leaves(self.state.params)),
+        parameters=(weights.count if weights else
+                    sum(math.prod(x.shape) for x in jax.tree.leaves(self.state.params))),
         parameter_bytes_per_device=jax_runtime.per_device_bytes(self.state.params),
         optimizer_state_bytes_per_device=jax_runtime.per_device_bytes(self.state.opt_state),
         layout=rt.layout_summary(self.spec.param_axes))
+    if weights:                  # what each device held before stages owned their weights
+      info.parameter_bytes_without_stages = weights.count * weights.dtype.itemsize
     if rt.abstract:
       info.flops_missing = "not compiled (the mesh has more devices than this machine)"
       return info

@@ -36,18 +36,21 @@ def loss_and_grads(apply_fn, params, batch_stats, batch, num_classes, label_smoo
 
 
 def pipelined_loss_and_grads(model, runtime, cut, params, batch_stats, batch, *, num_classes,
-                             label_smoothing, remat=False, bubble_fill=0.0):
+                             label_smoothing, remat=False, bubble_fill=0.0, weights=None):
   """GPipe (workloads/parallel/jax_pipeline.py): the blocks cut into stages per `cut`, each
   data replica's batch in runtime.microbatches micro-batches, batch norm per micro-batch (over
   the data axis), its moving averages moved by the mean of the micro-batches' statistics.
-  -> (loss, grads, batch_stats, iterations run), the same on every device."""
+  `weights`: the stage-owned layout (jax_stage_weights.StageWeights) `params` are stored in,
+  or None for the whole tree on every device (the batch-norm statistics stay whole).
+  -> (loss, grads in the form of `params`, batch_stats, iterations run)."""
   stages, count = runtime.stage, runtime.microbatches
   ranges = stage_ranges(cut)
   global_batch = batch["label"].shape[0]
   rows = global_batch // runtime.data // count
   example = jax.ShapeDtypeStruct((rows,) + batch["image"].shape[1:], batch["image"].dtype)
+  whole = (lambda: params) if weights is None else (lambda: weights.full(params))  # traced only
   shapes = jax_pipeline.stage_input_shapes(
-      lambda x, a, b: model.apply({"params": params, "batch_stats": batch_stats}, x, a, b,
+      lambda x, a, b: model.apply({"params": whole(), "batch_stats": batch_stats}, x, a, b,
                                   False, method=jax_model.ResNet.layers), example, ranges)
   boundary = jax_pipeline.Boundary(shapes, model.dtype)
 
@@ -55,6 +58,8 @@ def pipelined_loss_and_grads(model, runtime, cut, params, batch_stats, batch, *,
     start, end = ranges[k]
 
     def fn(p, x, micro):
+      if weights is not None:              # this device's row: stage k's own parameters
+        p = weights.stage_params(p, k)
       h = micro["image"] if k == 0 else boundary.unpack(x, k)
       y, updates = model.apply({"params": p, "batch_stats": batch_stats}, h, start, end, True,
                                method=jax_model.ResNet.layers, mutable=["batch_stats"])
@@ -76,10 +81,13 @@ def pipelined_loss_and_grads(model, runtime, cut, params, batch_stats, batch, *,
     every = (jax_pipeline.STAGE,) + DATA
     stats = jax.lax.pmean(jax.lax.psum(stats, jax_pipeline.STAGE), DATA)
     stats = jax.tree.map(lambda old, d: old + d / count, batch_stats, stats)
-    return (jax.lax.psum(loss, every), jax.lax.psum(grads, every), stats,
-            jax.lax.pmax(iterations, every))
+    grads = (jax.lax.psum(grads, every) if weights is None
+             else weights.sum_gradients(grads, every, DATA))
+    return jax.lax.psum(loss, every), grads, stats, jax.lax.pmax(iterations, every)
 
-  return jax_pipeline.sharded(runtime, local, 2)(params, batch_stats, batch)
+  specs = None if weights is None else weights.specs(params)
+  return jax_pipeline.sharded(runtime, local, 2, param_specs=specs, outputs=4)(
+      params, batch_stats, batch)
 
 
 def train_step(state, batch, *, runtime, num_classes, label_smoothing, pipelined=None):
@@ -104,6 +112,7 @@ def eval_step(state, batch):
 
 class ResNetTrainer(MeshTrainer):
   spec = spec.SPEC
+  owns_stage_weights = True
 
   def __init__(self, cfg, ctx):
     super().__init__(cfg, ctx)

@@ -43,12 +43,14 @@ def loss_fn(params, apply_fn, batch, label_smoothing, rng=None):
 
 
 def pipelined_loss_and_grads(model, runtime, cut, params, batch, rng, *, label_smoothing,
-                             remat=False, bubble_fill=0.0):
+                             remat=False, bubble_fill=0.0, weights=None):
   """GPipe (workloads/parallel/jax_pipeline.py) over the one list of encoder then decoder
   layers cut per `cut`, each data replica's batch in runtime.microbatches micro-batches; the
   loss is the same sum over all target tokens divided by their count over the global batch,
   and dropout is keyed by example (jax_layers.ExampleDropout), so neither depends on K or M.
-  `rng`: the step's dropout key, None for no dropout. -> (loss, grads, iterations run)."""
+  `rng`: the step's dropout key, None for no dropout. `weights`: the stage-owned layout
+  (jax_stage_weights.StageWeights) `params` are stored in, or None for the whole tree on every
+  device. -> (loss, grads in the form of `params`, iterations run)."""
   stages, count = runtime.stage, runtime.microbatches
   ranges = stage_ranges(cut)
   global_batch, length = batch["targets"].shape
@@ -62,6 +64,8 @@ def pipelined_loss_and_grads(model, runtime, cut, params, batch, rng, *, label_s
     start, end = ranges[k]
 
     def fn(p, x, micro):
+      if weights is not None:              # this device's row: stage k's own parameters
+        p = weights.stage_params(p, k)
       with jax_layers.examples(micro["example"]):
         y, logits = model.apply({"params": p}, x, micro["inputs"], micro["targets"],
                                 spec.packed_features(micro), start, end, train,
@@ -84,10 +88,12 @@ def pipelined_loss_and_grads(model, runtime, cut, params, batch, rng, *, label_s
                                            microbatches_count=count, remat=remat)
       return total / jnp.maximum(tokens, 1).astype(total.dtype), iterations
     (loss, iterations), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
-    return (jax.lax.psum(loss, every), jax.lax.psum(grads, every),
-            jax.lax.pmax(iterations, every))
+    grads = (jax.lax.psum(grads, every) if weights is None
+             else weights.sum_gradients(grads, every, DATA))
+    return jax.lax.psum(loss, every), grads, jax.lax.pmax(iterations, every)
 
-  return jax_pipeline.sharded(runtime, local, 1)(params, batch)
+  specs = None if weights is None else weights.specs(params)
+  return jax_pipeline.sharded(runtime, local, 1, param_specs=specs)(params, batch)
 
 
 def train_step(state, batch, *, label_smoothing, runtime, pipelined=None):
@@ -127,6 +133,7 @@ def translate(model, params, inputs, model_cfg):
 
 class TransformerTrainer(MeshTrainer):
   spec = spec.SPEC
+  owns_stage_weights = True
 
   def __init__(self, cfg, ctx):
     super().__init__(cfg, ctx)
