@@ -438,7 +438,7 @@ def _print_layout(info, batch):
   step's collectives (JAX: from the compiled HLO, by the mesh axes they span)."""
   whole = info.parameter_bytes_without_stages
   print(f"parameters / device:      {info.parameter_bytes_per_device:,} bytes"
-        + (f" (its stage's own and the shared; without stages: {whole:,})" if whole else ""))
+        + (f" (the most a stage device holds; without stages: {whole:,})" if whole else ""))
   print(f"optimizer state / device: {info.optimizer_state_bytes_per_device:,} bytes")
   if info.activation_bytes_per_device is not None:
     print(f"activations / device:     {info.activation_bytes_per_device:,} bytes (the compiled "

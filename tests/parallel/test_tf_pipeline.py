@@ -5,7 +5,11 @@ batch-norm statistics equal JAX's micro-batched step on one device on the same w
 the weights after two Adam steps equal the one-replica TF trainer's, with dropout too (its masks
 are keyed by step, layer and example: tf_layers.ExampleDropout); tf.recompute_grad leaves no
 gradient None. With the JAX tests (test_jax_pipeline.py) and the frameworks' parity tests,
-TF pipelined = JAX pipelined = one device."""
+TF pipelined = JAX pipelined = one device. Stages own their weights: each lives on its stage's
+device with its optimizer slots."""
+import collections
+import re
+
 import jax
 import numpy as np
 import pytest
@@ -144,3 +148,37 @@ def test_tf_dropout_masks_do_not_depend_on_stages_or_micro_batches():
   assert_close(loss, want_loss)
   for var, g, want in zip(piped.model.trainable_variables, grads, want_grads):
     assert_close(g, want, var.path)
+
+
+def _stage_of(trainer, path):
+  """The stage whose layers read the weight at `path` (the first, for the shared embedding)."""
+  layers = trainer.spec.pipeline_layers(trainer.cfg)
+  for k, (_, (start, end)) in enumerate(trainer.stage_placement):
+    if any(re.fullmatch(regex, path) for _, regex in layers[start:end]):
+      return k
+  raise AssertionError(f"no stage reads {path}")
+
+
+@pytest.mark.parametrize("make", [lambda: tf_transformer("stage=4,data=1", 1, compiled=False),
+                                  lambda: tf_resnet("stage=4,data=1", 4)],
+                         ids=["transformer", "resnet"])
+def test_tf_stages_own_their_weights_and_optimizer_slots(make):
+  """stage=4: every weight lives on the device of the stage that reads it (the shared
+  embedding on the first stage's), its optimizer slots (Adam's m and v, LARS's momentum) beside
+  it; describe's bytes a device are the largest stage's, read from the variables' devices."""
+  trainer = make()
+  place = lambda d: (tf.DeviceSpec.from_string(d).device_type,   # pylint: disable=unnecessary-lambda-assignment
+                     tf.DeviceSpec.from_string(d).device_index)
+  devices = [place(d) for d in trainer.runtime.pipeline_devices]
+  by_device = collections.Counter()
+  for path, var in tf_layers.params_by_path(trainer.model).items():
+    device = place(var.value.device)
+    assert device == devices[_stage_of(trainer, "/".join(path))], "/".join(path)
+    by_device[device] += var.numpy().nbytes
+  assert len(by_device) == 4
+  slots = {place(v.value.device) for v in trainer.optimizer.variables if v is not trainer.optimizer.iterations}
+  assert slots == set(by_device)
+  weights_bytes = sum(by_device.values())
+  info = trainer.describe()
+  assert info.parameter_bytes_per_device == max(by_device.values()) < weights_bytes
+  assert info.parameter_bytes_without_stages == weights_bytes

@@ -16,9 +16,24 @@ than its neighbours; one graph has no such order to keep.
 With `remat`, each stage call is a tf.recompute_grad: the forward's activations are dropped
 and recomputed in the backward pass, and only the stage inputs are kept.
 """
+import contextlib
+
 import tensorflow as tf
 
 from harness import pipeline
+
+
+def on_stage_device(placement, layer):
+  """The device scope where layer `layer`'s weights are made: its stage's device (stage s of
+  data replica 0), or none without a pipeline. `placement`: [(device, (first, end layer))] per
+  stage. Stages own their weights: a weight lives on the device of the stage that makes it
+  (the Transformer's shared embedding: the first stage's; later stages read it from there),
+  Keras makes an optimizer's slots beside their weight, and TF runs the update ops where the
+  weight is, so a stage device holds its own layers' parameters and optimizer state."""
+  for device, (start, end) in placement or ():
+    if start <= layer < end:
+      return tf.device(device)
+  return contextlib.nullcontext()
 
 
 def microbatches(tree, count):

@@ -28,6 +28,7 @@ detections) every batch's per-replica outputs are gathered
 (strategy.gather: from every worker, in replica order; a spatial group's duplicates dropped)
 and accumulated on the host; accumulate drops the examples whose 'mask' is 0.
 """
+import collections
 import math
 
 import keras
@@ -103,6 +104,11 @@ class StrategyTrainer:
                          "parallel.microbatches=1")
       self.stage_cut = gpipe.stage_cut(spec.pipeline_layers(cfg), rt.stage,
                                        cfg.parallel.stage_layers)
+    # stages own their weights: each stage's made on its device (data replica 0's), with their
+    # optimizer slots beside them (tf_pipeline.on_stage_device); None without stages
+    self.stage_placement = (list(zip(rt.pipeline_devices[:rt.stage],
+                                     gpipe.stage_ranges(self.stage_cut)))
+                            if self.stage_cut and rt.stage > 1 else None)
     self.mesh_description = rt.description
     gpus = tf.config.list_logical_devices("GPU")
     self.device_kind = (tf.config.experimental.get_device_details(
@@ -173,9 +179,11 @@ class StrategyTrainer:
         norm_axis=rt.sharded_weights[0].axis, name="shards")
                          if rt.sharded_weights else None)
     jit = self.cfg.train.jit_compile and not rt.distributed
-    # a pipeline's ops are placed on its stage devices: XLA would put them on one
+    # a pipeline's ops are placed on its stage devices: XLA would put them on one; its eval
+    # reads each stage's weights from their own devices, which one XLA program cannot
     self._step = tf.function(self._train_step, jit_compile=jit and not rt.pipelined)
-    self._eval_step = tf.function(self.eval_step, jit_compile=jit)
+    self._eval_step = tf.function(self.eval_step,
+                                  jit_compile=jit and self.stage_placement is None)
 
   def parameter_count(self):
     """Trainable parameters of the built model (no step traced): what the gradient
@@ -399,18 +407,19 @@ class StrategyTrainer:
     if not hasattr(self, "model"):
       self.init() if self.runtime.distributed else self.build()
     shards = self.runtime.sharded_weights
+    slots = [v for v in self.optimizer.variables if v is not self.optimizer.iterations]
     info = Description(
         parameters=int(sum(np.prod(v.shape) for v in self.model.trainable_variables)
                        + sum(np.prod(w.full_shape) for w in shards)),
         parameter_bytes_per_device=int(
-            sum(np.prod(v.shape) * np.dtype(v.dtype).itemsize
-                for v in self.model.trainable_variables)
+            variable_bytes(self.model.trainable_variables, self.stage_placement)
             + sum(w.bytes_per_replica() for w in shards)),
         optimizer_state_bytes_per_device=(
             self.sharded.state_bytes_per_replica() if self.sharded is not None else
-            int(sum(np.prod(v.shape) * np.dtype(v.dtype).itemsize
-                    for v in self.optimizer.variables if v is not self.optimizer.iterations)))
+            variable_bytes(slots, self.stage_placement))
         + (self.model_update.state_bytes_per_replica() if self.model_update is not None else 0))
+    if self.stage_placement:       # what each device held before stages owned their weights
+      info.parameter_bytes_without_stages = variable_bytes(self.model.trainable_variables)
     if self.runtime.distributed:
       info.flops_missing = "not profiled across TF replicas (describe on 1 device)"
     else:
@@ -430,3 +439,19 @@ class StrategyTrainer:
       info.emulated_collectives = self.runtime.emulated_costs(info.collective_bytes_in_train_step)
     return info
 
+
+def variable_bytes(variables, stage_placement=None) -> int:
+  """Bytes of `variables` a device holds: all of them (one replica, or mirrored on each), or,
+  where pipeline stages own their weights, the most any one device holds, read from the
+  variables' own devices."""
+  if not stage_placement:
+    return int(sum(np.prod(v.shape) * np.dtype(v.dtype).itemsize for v in variables))
+  held = collections.Counter()
+  for v in variables:
+    held[variable_device(v)] += int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize
+  return max(held.values(), default=0)
+
+
+def variable_device(variable) -> str:
+  """The device a (Keras or TF) variable lives on, in TF's canonical spelling."""
+  return getattr(variable, "value", variable).device

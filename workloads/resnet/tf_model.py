@@ -16,7 +16,7 @@ neighbours' rows (halo exchange) and the global average pool sums over the slabs
 import keras
 from keras import layers
 
-from workloads.parallel import tf_layers
+from workloads.parallel import tf_layers, tf_pipeline
 from workloads.resnet.spec import check_spatial_partitions  # neutral: cli checks it too
 
 # Flax's variance_scaling(2.0, 'fan_out', 'normal') is a truncated normal: Keras' equivalent.
@@ -57,11 +57,13 @@ def block_names(stage_sizes):
   return [f"BottleneckBlock_{i}" for i in range(sum(stage_sizes))]
 
 
-def build(cfg, dtype="float32", runtime=None) -> keras.Model:
+def build(cfg, dtype="float32", runtime=None, stages=None) -> keras.Model:
   """The model of the workload config `cfg` (cfg.model, for cfg.data.image_size images).
   dtype 'mixed_bfloat16' computes in bf16 with float32 variables, like the flax model;
   'float64' everywhere (the parity tests). `runtime`: a distributed
-  tf_runtime.StrategyRuntime, or None for one replica."""
+  tf_runtime.StrategyRuntime, or None for one replica. `stages`: a pipeline's placement
+  [(device, (first block, end block))]: each block's weights made on its stage's device (the
+  stem with the first block, the classifier with the last; tf_pipeline.on_stage_device)."""
   stage_sizes, image_size, width = cfg.model.stage_sizes, cfg.data.image_size, cfg.model.width
   if runtime is not None:
     check_spatial_partitions(stage_sizes, image_size, runtime.spatial)
@@ -69,17 +71,22 @@ def build(cfg, dtype="float32", runtime=None) -> keras.Model:
   rows = image_size // (runtime.spatial if runtime is not None else 1)
   io_dtype = "float64" if dtype == "float64" else "float32"     # logits in float32 otherwise
   inputs = keras.Input((rows, image_size, 3), dtype=io_dtype)
-  x = _padded_conv(lay, 3, width, 7, 2, "stem_conv")(inputs)
-  x = layers.ReLU(dtype=dtype)(lay.bn("stem_bn")(x))
-  x = lay.max_pool(x, image_size // 2)
-  blocks = iter(block_names(stage_sizes))
+  with tf_pipeline.on_stage_device(stages, 0):
+    x = _padded_conv(lay, 3, width, 7, 2, "stem_conv")(inputs)
+    x = layers.ReLU(dtype=dtype)(lay.bn("stem_bn")(x))
+    x = lay.max_pool(x, image_size // 2)
+  names = block_names(stage_sizes)
+  blocks = iter(enumerate(names))
   for stage, num_blocks in enumerate(stage_sizes):
     for block in range(num_blocks):
       strides = 2 if stage > 0 and block == 0 else 1
-      x = _bottleneck(x, width * 2**stage, strides, next(blocks), lay)
-  x = lay.global_pool(x)
-  x = layers.Dense(cfg.model.num_classes, kernel_initializer=dense_init(), name="classifier",
-                   dtype=dtype)(x)
+      index, name = next(blocks)
+      with tf_pipeline.on_stage_device(stages, index):
+        x = _bottleneck(x, width * 2**stage, strides, name, lay)
+  with tf_pipeline.on_stage_device(stages, len(names) - 1):
+    x = lay.global_pool(x)
+    x = layers.Dense(cfg.model.num_classes, kernel_initializer=dense_init(), name="classifier",
+                     dtype=dtype)(x)
   outputs = layers.Activation("linear", dtype=io_dtype)(x)
   return keras.Model(inputs, outputs, name="resnet")
 

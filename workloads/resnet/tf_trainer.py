@@ -27,7 +27,7 @@ class ResNetTrainer(StrategyTrainer):
                        "each micro-batch on one stage device; allowed: stage=K with data=1")
 
   def make_model(self, runtime):
-    return tf_model.build(self.cfg, self.dtype, runtime)
+    return tf_model.build(self.cfg, self.dtype, runtime, stages=self.stage_placement)
 
   def make_optimizer(self):
     optimizer = tf_optimizers.make_optimizer(

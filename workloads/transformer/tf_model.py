@@ -19,7 +19,7 @@ import keras
 from keras import layers, ops
 
 from workloads.common import moe as moe_lib
-from workloads.parallel import tf_layers
+from workloads.parallel import tf_layers, tf_pipeline
 from workloads.parallel import tf_model_parallel as mp
 from workloads.parallel.tf_moe import MoEFeedForward
 from workloads.transformer import formulas
@@ -255,12 +255,19 @@ class DecoderLayer(Block):
 class Stack(Block):
   """num_layers encoder or decoder layers (named layer_i) and the final LayerNorm."""
 
-  def __init__(self, cfg, layer_class, runtime=None, **kwargs):
+  def __init__(self, cfg, layer_class, runtime=None, stages=None, first=0, **kwargs):
+    """`stages`, `first`: a pipeline's placement and the index of this stack's first layer in
+    the one list of encoder then decoder layers (its weights made on their stage's device)."""
     super().__init__(**kwargs)
     self.cfg = cfg
-    self.blocks = [layer_class(cfg, runtime, i, name=f"layer_{i}", dtype=self.dtype_policy)
-                   for i in range(cfg.num_layers)]
-    self.output_norm = LayerNorm(cfg.hidden_size, name="output_norm", dtype=self.dtype_policy)
+    self.blocks = []
+    for i in range(cfg.num_layers):
+      with tf_pipeline.on_stage_device(stages, first + i):
+        self.blocks.append(layer_class(cfg, runtime, i, name=f"layer_{i}",
+                                       dtype=self.dtype_policy))
+    with tf_pipeline.on_stage_device(stages, first + cfg.num_layers - 1):
+      self.output_norm = LayerNorm(cfg.hidden_size, name="output_norm",
+                                   dtype=self.dtype_policy)
 
   def sublayers(self):
     out = {f"layer_{i}": block for i, block in enumerate(self.blocks)}
@@ -278,16 +285,22 @@ class Stack(Block):
 class Transformer(keras.Model):
   """call(inputs, targets) -> logits [B, L, V] in the accumulation dtype."""
 
-  def __init__(self, model_cfg, dtype="float32", runtime=None, **kwargs):
+  def __init__(self, model_cfg, dtype="float32", runtime=None, stages=None, **kwargs):
+    """`stages`: a pipeline's placement [(device, (first layer, end layer))]: each layer's
+    weights made on its stage's device, the shared embedding on the first stage's
+    (tf_pipeline.on_stage_device)."""
     super().__init__(name="transformer", dtype=dtype, **kwargs)
     c = self.cfg = model_cfg
     self.runtime = runtime
     self.acc = accumulation_dtype(self.dtype_policy)
-    self.embedding = mp.sharded_or_whole(
-        self, runtime, "embedding", (c.vocab_size, c.hidden_size), 0,
-        keras.initializers.RandomNormal(stddev=c.hidden_size ** -0.5))
-    self.encoder = Stack(c, EncoderLayer, runtime, name="encoder", dtype=self.dtype_policy)
-    self.decoder = Stack(c, DecoderLayer, runtime, name="decoder", dtype=self.dtype_policy)
+    with tf_pipeline.on_stage_device(stages, 0):
+      self.embedding = mp.sharded_or_whole(
+          self, runtime, "embedding", (c.vocab_size, c.hidden_size), 0,
+          keras.initializers.RandomNormal(stddev=c.hidden_size ** -0.5))
+    self.encoder = Stack(c, EncoderLayer, runtime, stages, 0, name="encoder",
+                         dtype=self.dtype_policy)
+    self.decoder = Stack(c, DecoderLayer, runtime, stages, c.num_layers, name="decoder",
+                         dtype=self.dtype_policy)
     self.embedding_dropout = tf_layers.ExampleDropout(c.dropout, dtype=self.dtype_policy)
     self.target_embedding_dropout = tf_layers.ExampleDropout(c.dropout,
                                                              dtype=self.dtype_policy)
@@ -458,12 +471,19 @@ def position_at(i, hidden_size):
   return ops.concatenate([ops.sin(angles), ops.cos(angles)])[None]
 
 
-def build(cfg, dtype="float32", runtime=None) -> Transformer:
+def build(cfg, dtype="float32", runtime=None, stages=None) -> Transformer:
   """The model of the workload config `cfg` (cfg.model) with its variables: made by one call on
   a dummy batch (on a model axis every weight is made in __init__, and a call outside the
-  replicas could not read the shards)."""
-  model = Transformer(cfg.model, dtype=dtype, runtime=runtime)
-  if runtime is None or runtime.model == 1:
-    ids = np.ones((1, 8), np.int32)       # any length: no weight depends on it
+  replicas could not read the shards). `stages`: a pipeline's placement (Transformer): the
+  weights made in __init__ and those made on a first call (the feed-forward's Dense layers)
+  on their stage's device, the call made stage by stage there."""
+  model = Transformer(cfg.model, dtype=dtype, runtime=runtime, stages=stages)
+  ids = np.ones((1, 8), np.int32)         # any length: no weight depends on it
+  if stages:
+    carry = {}
+    for _, (start, end) in stages:
+      with tf_pipeline.on_stage_device(stages, start):
+        carry, _ = model.pipeline_layers(carry, ids, ids, None, start, end)
+  elif runtime is None or runtime.model == 1:
     model(ids, ids)
   return model

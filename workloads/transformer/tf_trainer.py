@@ -96,7 +96,7 @@ class TransformerTrainer(StrategyTrainer):
 
   def make_model(self, runtime):
     """`runtime`: its model axis makes the layers Megatron's (tf_model_parallel)."""
-    return tf_model.build(self.cfg, self.dtype, runtime)
+    return tf_model.build(self.cfg, self.dtype, runtime, stages=self.stage_placement)
 
   def make_optimizer(self):
     optimizer = tf_optimizers.make_adam(self.cfg.optimizer, self.schedule)
