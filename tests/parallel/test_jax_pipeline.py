@@ -43,11 +43,11 @@ def assert_close(actual, expected):
 
 # ------------------------------------------------------------------ Transformer
 @functools.lru_cache(maxsize=None)
-def transformer(mesh, microbatches, compiled=False):
+def transformer(mesh, microbatches, compiled=False, wus=False):
   """`compiled`: with the trainer's train step (the tests of steps and of the program)."""
   cfg = transformer_config(layers=2)
   cfg.parallel.microbatches = microbatches
-  return float64_trainer(transformer_spec, transformer_model, cfg, mesh,
+  return float64_trainer(transformer_spec, transformer_model, cfg, mesh, wus=wus,
                          compile_steps=compiled)
 
 
@@ -103,18 +103,23 @@ def test_transformer_two_pipelined_steps_equal_two_steps_on_one_device():
   one = transformer("stage=1,data=1", 1, True)
   piped = transformer("stage=2,data=2,model=2", 2, True)
   owned = transformer("stage=4,data=2", 2, True)        # stages own their weights (no model)
+  # weight-update sharding over data: the weights stay whole over stage (a row split on data
+  # would reach the per-stage update in pieces: the devices deadlocked)
+  sharded_update = transformer("stage=2,data=2", 2, True, wus=True)
+  assert sharded_update.stage_weights is None and owned.stage_weights is not None
   kernel = piped.state.params["decoder"]["layer_0"]["ffn"]["filter"]["kernel"]
   assert kernel.sharding.spec == jax.sharding.PartitionSpec(None, "model")
   collectives = piped.runtime.collectives_by_axis(piped._train_step.as_text())  # pylint: disable=protected-access
   assert {("all-reduce", "model"), ("collective-permute", "stage"),
           ("all-reduce", "data+stage")} <= set(collectives)
-  for t in (one, piped, owned):
+  for t in (one, piped, owned, sharded_update):
     batch = t.synthetic_batch()                    # the same values, on each trainer's mesh
     for _ in range(2):
       t.state, _ = t._train_step(t.state, batch)   # pylint: disable=protected-access
   assert_close(jax.device_get(piped.state.params), jax.device_get(one.state.params))
   # stage-owned: TF-Adam's per-parameter state, updated per stage on each stage's own tree
   assert_close(jax.device_get(owned.params_of(owned.state)), jax.device_get(one.state.params))
+  assert_close(jax.device_get(sharded_update.state.params), jax.device_get(one.state.params))
 
 
 def test_stages_own_their_weights_and_optimizer_state():

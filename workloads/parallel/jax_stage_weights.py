@@ -22,7 +22,8 @@ would need it summed over stages: none of the pipelined workloads' recipes has o
 optimizer state of a stage is kept as one row too (its leaves flattened in tree order, in the
 parameters' dtype: an integer step count stays exact below 2^24 steps in float32).
 
-Eval reads the whole tree (`full`): each eval batch's program gathers the rows over `stage`
+Not beside a `model` axis or under weight-update sharding (jax_trainer_base.init: there the
+weights stay whole over stage). Eval reads the whole tree (`full`): each eval batch's program gathers the rows over `stage`
 (beam search through stages would send every decode step's cache over the pipeline).
 """
 import math

@@ -169,9 +169,13 @@ class MeshTrainer:
     steps, before run_start."""
     rng = jax.random.key(self.ctx.seed)
     self.stage_weights = None
-    # (beside a model axis the stages' rows would have to be split per tensor on it: there
-    # the weights stay whole over stage and split on model, as without owned weights)
-    if self.owns_stage_weights and self.runtime.stage > 1 and self.runtime.model == 1:
+    # Beside a model axis the stages' rows would have to be split per tensor on it, and under
+    # weight-update sharding over data (a row split on data reaches each stage's branch of the
+    # per-stage update in pieces, whose collectives differ by stage: the devices deadlock).
+    # There the weights stay whole over stage, split on model or their update on data.
+    rt = self.runtime
+    if (self.owns_stage_weights and rt.stage > 1 and rt.model == 1
+        and not rt.weight_update_sharding):
       self.stage_weights = jax_stage_weights.StageWeights(
           jax.eval_shape(self.create_state, rng).params, self.spec.pipeline_layers(self.cfg),
           self.stage_cut)
