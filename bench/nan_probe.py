@@ -64,7 +64,7 @@ def main(argv=None):
       print("re-running this step under jax.debug_nans:", flush=True)
       try:
         with jax.debug_nans(True), trainer.runtime.tracing():
-          jax.block_until_ready(jax.jit(trainer._train_fn)(state, batch))  # pylint: disable=protected-access
+          jax.block_until_ready(step(state, batch))
         print("debug_nans found no NaN (an infinity, or a NaN only in the compiled fusion)")
       except FloatingPointError as e:
         print(f"FloatingPointError: {e}".splitlines()[0])

@@ -23,8 +23,9 @@ optimizer state of a stage is kept as one row too (its leaves flattened in tree 
 parameters' dtype: an integer step count stays exact below 2^24 steps in float32).
 
 Not beside a `model` axis or under weight-update sharding (jax_trainer_base.init: there the
-weights stay whole over stage). Eval reads the whole tree (`full`): each eval batch's program gathers the rows over `stage`
-(beam search through stages would send every decode step's cache over the pipeline).
+weights stay whole over stage). Eval reads the whole tree (`full`): each eval batch's program
+gathers the rows over `stage` (beam search through stages would send every decode step's cache
+over the pipeline).
 """
 import math
 import re
@@ -95,7 +96,7 @@ class StageWeights:
                     for paths in self.owned]
     self.width = max([layout.size for layout in self.layouts] + [1])
     self.count = sum(math.prod(leaf.shape) for leaf in flat.values())
-    self._state_layouts = self._optimizer = None
+    self._optimizer = None
 
   # ------------------------------------------------------------------ parameters
   def store(self, params):
@@ -117,8 +118,7 @@ class StageWeights:
     """Inside the pipeline (stored[ROWS] is this device's [1, N]): the parameter tree stage k
     reads, its own parameters and the shared ones."""
     flat = _flat(stored)
-    own = dict(zip(self.owned[k], self.layouts[k].unpack(flat[ROWS][0])))
-    return _nested({**{p: flat[p] for p in self.shared}, **own})
+    return _nested({**{p: flat[p] for p in self.shared}, **_flat(self.own(flat[ROWS][0], k))})
 
   def full(self, stored):
     """The whole parameter tree (on a mesh, the rows gathered over `stage`)."""
@@ -142,15 +142,13 @@ class StageWeights:
   # ------------------------------------------------------------------ optimizer
   def _state_rows(self, tx):
     """Per stage, (treedef, RowLayout) of tx.init's state of its own parameters."""
-    if self._state_layouts is None:
-      self._state_layouts = []
-      for k in range(self.stages):
-        shapes = jax.eval_shape(lambda k=k: tx.init(self.own(
-            jnp.zeros((self.width,), self.dtype), k)))
-        leaves, treedef = jax.tree.flatten(shapes)
-        self._state_layouts.append(
-            (treedef, RowLayout([(x.shape, x.dtype) for x in leaves], self.dtype)))
-    return self._state_layouts
+    rows = []
+    for k in range(self.stages):
+      shapes = jax.eval_shape(lambda k=k: tx.init(self.own(jnp.zeros((self.width,), self.dtype),
+                                                           k)))
+      leaves, treedef = jax.tree.flatten(shapes)
+      rows.append((treedef, RowLayout([(x.shape, x.dtype) for x in leaves], self.dtype)))
+    return rows
 
   def optimizer(self, tx, mesh) -> optax.GradientTransformation:
     """`tx` (the workload's optax transformation) on the stored form, per stage (above); the
@@ -181,7 +179,7 @@ class StageWeights:
       return jax.lax.switch(jax.lax.axis_index(STAGE),
                             [stage_update(k) for k in range(self.stages)], g, s, p)
 
-    def update(grads, state, params=None):
+    def update(grads, state, params):
       g, p = _flat(grads), _flat(params)
       shared_updates, shared_state = tx.update(self.shared_tree(grads), state["shared"],
                                                self.shared_tree(params))

@@ -152,10 +152,11 @@ class MeshTrainer:
             for k, (shape, dtype, axes) in self.batch_layout(batch_size, with_mask).items()}
 
   def initial_state(self, shardings, *args):
-    """self.create_state(*args) (stage-owned: stored_state), placed on the mesh. Compiled at XLA's backend optimisation
-    level 0: it runs once, and at the default level its compile (every initialiser's threefry
-    bits and normal transforms) took longer than the train step's (EfficientNet tiny 16.8 s
-    against 6.3 s at level 0, ResNet tiny 6.5 s against 1.4 s, 2 CPU cores). The values equal
+    """self.stored_state(*args) (create_state's state, stage-owned weights in their stored form),
+    placed on the mesh. Compiled at XLA's backend optimisation level 0: it runs once, and at the
+    default level its compile (every initialiser's threefry bits and normal transforms) took
+    longer than the train step's (EfficientNet tiny 16.8 s against 6.3 s at level 0, ResNet tiny
+    6.5 s against 1.4 s, 2 CPU cores). The values equal
     the default level's to 1 ulp (FMA contraction differs) and are the same run to run.
     When describing: the state's shapes only (nothing initialised)."""
     if self.describing:
