@@ -38,8 +38,9 @@ def _profile(args):
     raise UsageError(f"--mesh {args.mesh!r}: a pipeline step is timed on stage=K,data=D; "
                      "allowed: stage >= 2, no model, expert or spatial axis")
   if spec.pipeline_layers is None:
+    cut = [name for name in registry.names() if registry.get(name).pipeline_layers]
     raise UsageError(f"--workload {spec.name} has no pipeline layers; allowed: "
-                     "transformer, resnet50")
+                     f"{', '.join(cut)}")
   parallel = mesh_lib.ParallelConfig(mesh=f"data={data},stage={stages}",
                                      microbatches=cfg.parallel.microbatches,
                                      stage_layers=cfg.parallel.stage_layers)

@@ -37,7 +37,8 @@ def _fits(text, framework="jax", workload="bert", **kw):
 
 @pytest.mark.parametrize("text, kw, message", [
     ("data=2,expert=2", {"framework": "tf"}, "--mesh axis expert=2: bert has no dimension laid "
-                                             "out on it; allowed axes for bert: data, model"),
+                                             "out on it; allowed axes for bert: data, stage, "
+                                             "model"),
     # the batch is split over data x expert jointly
     ("data=3,expert=2", {"workload": "transformer"},
      "train.global_batch_size=32 is not divisible by the data x expert devices the batch is "

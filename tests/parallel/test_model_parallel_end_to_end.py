@@ -1,27 +1,14 @@
-"""Model-parallel mini runs through the command line, as a user starts them: the Transformer on
-data=2,model=2 (4 simulated devices) reaches its mini target,
-the row records the layout, and the log passes the official checker (the TF runs:
-test_tf_model_parallel_end_to_end.py, a file of its own so that another worker takes it);
-describe and simulate of a layout against the Transformer's formulas."""
+"""The model axis through the command line: describe and simulate of a layout against the
+Transformer's formulas. The JAX model-parallel mini run to its target (the driver, the
+beam-search eval on weights split on `model`, the row and a checker-clean log) is the 3-D run
+of test_pipeline_end_to_end.py (data=2,stage=2,model=2: the same eval and model layouts, with
+stages), which replaced the data=2,model=2 run here (33 CPU s); TF's is
+test_tf_model_parallel_end_to_end.py."""
 import json
 
 import pytest
 
-from tests.conftest import run_to_target
-
 pytestmark = pytest.mark.slow
-
-# the fewest devices that show each point, as the TF runs (the equality tests cover the shapes)
-# BERT's model-parallel step (vocabulary-parallel masked LM, LAMB): the float64 equality tests
-# in both frameworks; its run here (37 CPU s) showed what the Transformer's does
-RUNS = [("jax", "transformer", "4", "data=2,model=2", 85.0)]
-
-
-@pytest.mark.parametrize("framework,workload,devices,layout,target", RUNS)
-def test_model_parallel_mini_reaches_target_with_a_checker_clean_log(cli, tmp_path, framework,
-                                                                     workload, devices, layout,
-                                                                     target):
-  run_to_target(cli, tmp_path, framework, workload, devices, layout, target)
 
 
 def test_describe_the_v07_transformer_layout_from_shapes(cli):

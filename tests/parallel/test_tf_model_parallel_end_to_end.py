@@ -1,5 +1,5 @@
-"""The TF runtime's model-parallel mini run through the command line (the JAX ones and the
-checks they share: test_model_parallel_end_to_end.py): the Transformer on data=1,model=2 reaches
+"""The TF runtime's model-parallel mini run through the command line (JAX's: the 3-D run of
+test_pipeline_end_to_end.py; describe and simulate: test_model_parallel_end_to_end.py): the Transformer on data=1,model=2 reaches
 its mini target with a checker-clean log: the driver, the beam-search eval and the log under
 the model axis, on the fewest devices that show it. data x model composed is the JAX runs'
 point end to end, and TF's in float64 equality (test_tf_model_parallel.py, with BERT's

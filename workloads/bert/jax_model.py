@@ -21,7 +21,7 @@ import jax.numpy as jnp
 
 from workloads.bert import spec
 from workloads.parallel import jax_attention
-from workloads.parallel.jax_layers import remat_block
+from workloads.parallel.jax_layers import ExampleDropout, remat_block
 from workloads.parallel.jax_runtime import constrain
 
 LAYER_NORM_EPSILON = 1e-12
@@ -54,7 +54,8 @@ class TransformerLayer(nn.Module):
   def __call__(self, x, attention_mask, deterministic):
     dense = functools.partial(nn.Dense, dtype=self.dtype, kernel_init=weight_init(self.init_std))
     norm = functools.partial(nn.LayerNorm, epsilon=LAYER_NORM_EPSILON, dtype=self.dtype)
-    drop = functools.partial(nn.Dropout, rate=self.dropout, deterministic=deterministic)
+    # keyed by example (jax_layers.ExampleDropout): the same masks with or without a pipeline
+    drop = lambda: functools.partial(ExampleDropout(self.dropout), deterministic=deterministic)
     batch, seq, _ = x.shape
     head_dim = self.hidden_size // self.num_heads
     split = lambda t: constrain(t.reshape(batch, seq, self.num_heads, head_dim),
@@ -84,50 +85,86 @@ class TransformerLayer(nn.Module):
 
 class BertPretraining(nn.Module):
   """(mlm_logits [B, P, V] at masked_lm_positions, nsp_logits [B, 2]), both float32. Its
-  sizes are the config's (spec.ModelConfig, bert_config.json's fields), as the Keras model's."""
+  sizes are the config's (spec.ModelConfig, bert_config.json's fields), as the Keras model's.
+  GPipe's view of it (spec.pipeline_layers) is the encoder layers, the embeddings riding with
+  the first and the heads with the last (`pipeline_layers`)."""
   config: spec.ModelConfig = dataclasses.field(default_factory=spec.ModelConfig)
   dtype: Any = jnp.float32          # compute dtype; parameters stay float32
   remat_policy: str = ""            # parallel.remat_policy, per encoder layer (jax_layers)
 
-  @nn.compact
-  def __call__(self, input_ids, input_mask, segment_ids, masked_lm_positions, train=False,
-               positions=None, cls_positions=None):
-    """Packed rows (packing.py) pass `positions` (each token's in its own sample) and
-    `cls_positions` [B, S] (each sample's first token): attention stays within a sample
-    (input_mask holds the sample of each token) and nsp_logits are [B, S, 2]."""
-    deterministic = not train
+  def setup(self):
     c = self.config
     init = weight_init(c.initializer_range)
     embed = functools.partial(nn.Embed, features=c.hidden_size, embedding_init=init)
     norm = functools.partial(nn.LayerNorm, epsilon=LAYER_NORM_EPSILON, dtype=self.dtype)
     dense = functools.partial(nn.Dense, dtype=self.dtype, kernel_init=init)
-    word_embeddings = embed(c.vocab_size, name="word_embeddings")
-    seq = input_ids.shape[1]
-    position_table = embed(c.max_position_embeddings, name="position_embeddings").embedding
-    x = (word_embeddings(input_ids)
-         + (position_table[:seq] if positions is None
-            else jnp.take(position_table, positions, axis=0))
-         + embed(c.type_vocab_size, name="token_type_embeddings")(segment_ids))
-    x = norm(name="embeddings_LayerNorm")(x)
-    x = nn.Dropout(c.dropout, deterministic=deterministic)(x).astype(self.dtype)
-    acc = accumulation_dtype(self.dtype)
-    attention_mask = ((input_mask != 0)[:, None, None, :] if positions is None  # real keys
-                      else packed_attention_mask(input_mask))
+    self.word_embeddings = embed(c.vocab_size)
+    self.position_embeddings = embed(c.max_position_embeddings)
+    self.token_type_embeddings = embed(c.type_vocab_size)
+    self.embeddings_LayerNorm = norm()
+    self.embeddings_dropout = ExampleDropout(c.dropout)
+    layer = remat_block(TransformerLayer, self.remat_policy, (3,))
     for i in range(c.num_layers):
-      x = remat_block(TransformerLayer, self.remat_policy, (3,))(c.hidden_size, c.num_heads, c.intermediate_size,
-                           c.dropout, c.initializer_range, self.dtype,
-                           name=f"layer_{i}")(x, attention_mask, deterministic)
+      setattr(self, f"layer_{i}", layer(c.hidden_size, c.num_heads, c.intermediate_size,
+                                        c.dropout, c.initializer_range, self.dtype))
+    self.pooler, self.nsp = dense(c.hidden_size), dense(2)
+    self.mlm_transform, self.mlm_LayerNorm = dense(c.hidden_size), norm()
+    self.mlm_output_bias = self.param("mlm_output_bias", nn.initializers.zeros, (c.vocab_size,))
+
+  def __call__(self, input_ids, input_mask, segment_ids, masked_lm_positions, train=False,
+               positions=None, cls_positions=None):
+    """Packed rows (packing.py) pass `positions` (each token's in its own sample) and
+    `cls_positions` [B, S] (each sample's first token): attention stays within a sample
+    (input_mask holds the sample of each token) and nsp_logits are [B, S, 2]."""
+    x = self.embed(input_ids, segment_ids, positions, train)
+    x = self.encode(x, attention_mask(input_mask, positions), 0, self.config.num_layers, train)
+    return self.heads(x, masked_lm_positions, cls_positions)
+
+  def embed(self, input_ids, segment_ids, positions, train):
+    seq = input_ids.shape[1]
+    table = self.position_embeddings.embedding
+    x = (self.word_embeddings(input_ids)
+         + (table[:seq] if positions is None else jnp.take(table, positions, axis=0))
+         + self.token_type_embeddings(segment_ids))
+    x = self.embeddings_LayerNorm(x)
+    return self.embeddings_dropout(x, deterministic=not train).astype(self.dtype)
+
+  def encode(self, x, mask, start, end, train):
+    """Encoder layers [start, end) on x [B, L, H]."""
+    for i in range(start, end):
+      x = getattr(self, f"layer_{i}")(x, mask, not train)
+    return x
+
+  def heads(self, x, masked_lm_positions, cls_positions):
     first = (x[:, 0] if cls_positions is None
              else jnp.take_along_axis(x, cls_positions[..., None], axis=1))    # [B, S, H]
-    pooled = jnp.tanh(dense(c.hidden_size, name="pooler")(first))
-    nsp_logits = dense(2, name="nsp")(pooled)
+    nsp_logits = self.nsp(jnp.tanh(self.pooler(first)))
     # Masked LM: only the masked positions go through the head (as the reference gathers).
     picked = jnp.take_along_axis(x, masked_lm_positions[..., None], axis=1)
-    picked = norm(name="mlm_LayerNorm")(gelu(dense(c.hidden_size, name="mlm_transform")(picked)))
-    output_bias = self.param("mlm_output_bias", nn.initializers.zeros, (c.vocab_size,))
-    mlm_logits = constrain(word_embeddings.attend(picked.astype(self.dtype)) + output_bias,
-                           ("batch", None, "vocab"))
+    picked = self.mlm_LayerNorm(gelu(self.mlm_transform(picked)))
+    mlm_logits = constrain(self.word_embeddings.attend(picked.astype(self.dtype))
+                           + self.mlm_output_bias, ("batch", None, "vocab"))
+    acc = accumulation_dtype(self.dtype)
     return mlm_logits.astype(acc), nsp_logits.astype(acc)
+
+  def pipeline_layers(self, x, batch, start, end, train):
+    """GPipe's view: encoder layers [start, end) on x [b, L, H] (what the stage before sent),
+    the first embedding `batch`'s tokens, the last applying the heads: -> (x, (mlm_logits,
+    nsp_logits) or None)."""
+    positions = batch.get("positions")
+    if start == 0:
+      x = self.embed(batch["input_ids"], batch["segment_ids"], positions, train)
+    x = self.encode(x, attention_mask(batch["input_mask"], positions), start, end, train)
+    if end < self.config.num_layers:
+      return x, None
+    return x, self.heads(x, batch["masked_lm_positions"], batch.get("cls_positions"))
+
+
+def attention_mask(input_mask, positions=None):
+  """Real keys [B, 1, 1, L], or for packed rows (`positions` given) packed_attention_mask."""
+  if positions is None:
+    return (input_mask != 0)[:, None, None, :]
+  return packed_attention_mask(input_mask)
 
 
 def packed_attention_mask(sample_ids):
@@ -145,17 +182,32 @@ def pretraining_loss(mlm_logits, nsp_logits, batch):
   """The reference's loss: weighted mean of masked-LM cross entropy over the masked positions
   (denominator sum(weights) + 1e-5) plus mean next-sentence cross entropy (over the real
   samples of packed rows)."""
+  mlm, nsp = loss_sums(mlm_logits, nsp_logits, batch)
+  weights, samples = loss_denominators(batch, mlm.dtype)
+  return mlm / (weights + 1e-5) + nsp / samples
+
+
+def loss_sums(mlm_logits, nsp_logits, batch):
+  """(weighted masked-LM negative log-likelihood summed over the masked positions, next-sentence
+  negative log-likelihood summed over the (real) samples): the loss's numerators, which a
+  pipeline sums over its micro-batches."""
   log_probs = jax.nn.log_softmax(mlm_logits, axis=-1)
   token_nll = -jnp.take_along_axis(log_probs, batch["masked_lm_ids"][..., None], axis=-1)[..., 0]
-  weights = batch["masked_lm_weights"].astype(token_nll.dtype)
-  mlm = jnp.sum(weights * token_nll) / (jnp.sum(weights) + 1e-5)
+  mlm = jnp.sum(batch["masked_lm_weights"].astype(token_nll.dtype) * token_nll)
   nsp_log_probs = jax.nn.log_softmax(nsp_logits, axis=-1)
   labels = batch["next_sentence_labels"]
   nsp_nll = -jnp.take_along_axis(nsp_log_probs, labels[..., None], axis=-1)[..., 0]
-  if "next_sentence_weights" in batch:      # packed rows: the mean over the real samples
-    nsp_weights = batch["next_sentence_weights"].astype(nsp_nll.dtype)
-    return mlm + jnp.sum(nsp_weights * nsp_nll) / jnp.sum(nsp_weights)
-  return mlm + jnp.mean(nsp_nll)
+  if "next_sentence_weights" in batch:      # packed rows: the real samples only
+    nsp_nll = batch["next_sentence_weights"].astype(nsp_nll.dtype) * nsp_nll
+  return mlm, jnp.sum(nsp_nll)
+
+
+def loss_denominators(batch, dtype):
+  """(sum of the masked-LM weights, number of (real) next-sentence samples) of `batch`."""
+  weights = jnp.sum(batch["masked_lm_weights"].astype(dtype))
+  if "next_sentence_weights" in batch:
+    return weights, jnp.sum(batch["next_sentence_weights"].astype(dtype))
+  return weights, jnp.asarray(batch["next_sentence_labels"].size, dtype)
 
 
 def masked_lm_correct(mlm_logits, batch, example_mask):

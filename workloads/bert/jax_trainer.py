@@ -4,15 +4,25 @@ Distribution comes from workloads/parallel/jax_runtime.py, as for ResNet: batche
 the data axes, parameters replicated, LAMB's moments (and the update computed from them)
 sharded when weight-update sharding is on. LAMB's per-layer norms are over whole arrays, so
 GSPMD adds the cross-shard reductions and the step equals the unsharded one.
+
+With `--mesh stage=K` (and micro-batches) the encoder runs as a GPipe pipeline
+(jax_pipeline.py), beside `data` and a `model` axis (3-D parallelism). Its parameters stay
+whole over `stage` (not stage-owned, jax_stage_weights.py): the reference's LAMB clips the
+gradient by its global norm before the per-layer update, so every stage's update needs every
+stage's gradient norm; the update runs as without a pipeline.
 """
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
 from flax.training import train_state
 
+from harness.pipeline import stage_ranges
 from workloads.bert import input_pipeline, jax_model, packing, spec
 from workloads.optim import jax_optimizers
+from workloads.parallel import jax_layers, jax_pipeline
+from workloads.parallel.jax_runtime import DATA
 from workloads.parallel.jax_trainer_base import MeshTrainer, apply_update
 
 
@@ -32,8 +42,59 @@ def loss_and_grads(state, params, batch, train=True):
   return jax.value_and_grad(loss_fn)(params)
 
 
-def train_step(state, batch, *, runtime):
-  loss, grads = loss_and_grads(state, state.params, batch)
+def pipelined_loss_and_grads(model, runtime, cut, params, batch, rng, *, remat=False,
+                             bubble_fill=0.0):
+  """GPipe over the encoder layers cut per `cut`, each data replica's batch in
+  runtime.microbatches micro-batches: the last stage sums the loss's numerators
+  (jax_model.loss_sums) over its micro-batches, divided by the global batch's denominators, so
+  the loss is the one without a pipeline; dropout is keyed by example, so no number depends on
+  K or M. `rng`: the step's dropout key, None for no dropout. -> (loss, grads, iterations)."""
+  stages, count = runtime.stage, runtime.microbatches
+  ranges = stage_ranges(cut)
+  global_batch, length = batch["input_ids"].shape
+  rows = global_batch // runtime.data // count
+  carry = jnp.full((rows, length, model.config.hidden_size), bubble_fill, model.dtype)
+  batch = {**batch, "example": jnp.arange(global_batch)}   # split over DATA like the rows
+  train = rng is not None
+  acc = jax_model.accumulation_dtype(model.dtype)
+
+  def stage_fn(k):
+    start, end = ranges[k]
+
+    def fn(p, x, micro):
+      with jax_layers.examples(micro["example"]):
+        y, logits = model.apply({"params": p}, x, micro, start, end, train,
+                                method=jax_model.BertPretraining.pipeline_layers,
+                                rngs={"dropout": rng} if train else None)
+      if logits is None:
+        return y, jnp.zeros((2,), acc)
+      return jnp.zeros_like(y), jnp.stack(jax_model.loss_sums(*logits, micro)).astype(acc)
+    return fn
+
+  fns = [stage_fn(k) for k in range(stages)]
+
+  def local(params, batch):
+    every = (jax_pipeline.STAGE,) + DATA
+    weights, samples = (jax.lax.psum(d, DATA) for d in jax_model.loss_denominators(batch, acc))
+
+    def loss_fn(p):
+      sums, iterations = jax_pipeline.run(fns, p, batch, carry, stages=stages,
+                                          microbatches_count=count, remat=remat)
+      return sums[0] / (weights + 1e-5) + sums[1] / samples, iterations
+    (loss, iterations), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+    return (jax.lax.psum(loss, every), jax.lax.psum(grads, every),
+            jax.lax.pmax(iterations, every))
+
+  return jax_pipeline.sharded(runtime, local, 1)(params, batch)
+
+
+def train_step(state, batch, *, runtime, pipelined=None):
+  """`pipelined`: pipelined_loss_and_grads with its model, runtime and cut bound, or None."""
+  if pipelined is not None:                          # GPipe over 'stage' and micro-batches
+    rng = jax.random.fold_in(state.dropout_key, state.step)
+    loss, grads, _ = pipelined(state.params, batch, rng)
+  else:
+    loss, grads = loss_and_grads(state, state.params, batch)
   return apply_update(state, grads, runtime), loss
 
 
@@ -52,10 +113,12 @@ class BertTrainer(MeshTrainer):
     super().__init__(cfg, ctx)
     self.variable_samples = cfg.data.packing      # packed rows: each step its own count
     rows = spec.packed_rows(cfg, cfg.train.global_batch_size)
-    if cfg.data.packing and rows % self.runtime.shape.batch_shards:
+    shards = self.runtime.shape.batch_shards * self.runtime.microbatches
+    if cfg.data.packing and rows % shards:
       raise ValueError(f"data.packing=true: a step's {rows} rows (train.global_batch_size / "
                        f"data.packing_factor) do not split over {self.runtime.shape.batch_shards}"
-                       " data replicas; allowed: a batch whose rows they divide")
+                       f" data replicas x {self.runtime.microbatches} micro-batches; allowed: a "
+                       "batch whose rows they divide")
     self.model = jax_model.build(cfg, self.dtype)
     self.schedule = spec.schedule_for(cfg)
     self.tx = jax_optimizers.make_lamb(cfg.optimizer, self.schedule)
@@ -85,9 +148,29 @@ class BertTrainer(MeshTrainer):
       return packing.samples_in(host_batch)
     return super().samples_in(host_batch)
 
+  def layer_profile(self, rows):
+    """[(forward FLOPs, output bytes)] per pipeline layer (encoder layer) on `rows` sequences
+    (simulate): the output a stage cut after it sends is the layer's activations (the batch's
+    features ride along to every stage, but are not sent)."""
+    params = jax.eval_shape(self.create_state, jax.random.key(0)).params
+    batch = {k: jax.ShapeDtypeStruct(s.shape, s.dtype) for k, s in self.batch_shapes(rows).items()}
+    hidden = jax.ShapeDtypeStruct((rows, self.cfg.data.max_seq_length,
+                                   self.cfg.model.hidden_size), self.dtype)
+
+    def layer(p, carry, i):
+      x, _ = self.model.apply({"params": p}, carry["x"], carry["batch"], i, i + 1, False,
+                              method=jax_model.BertPretraining.pipeline_layers)
+      return {"x": x, "batch": carry["batch"]}
+
+    profile = jax_pipeline.layer_profile(layer, params, {"x": hidden, "batch": batch},
+                                         self.cfg.model.num_layers)
+    batch_bytes = sum(math.prod(s.shape) * s.dtype.itemsize for s in batch.values())
+    return [(flops, nbytes - batch_bytes) for flops, nbytes in profile]
+
   def train_step_fn(self, remat=None):
-    del remat                                        # BERT does not pipeline
-    return functools.partial(train_step, runtime=self.runtime)
+    """The train step; `remat` overrides parallel.remat (describe compiles both)."""
+    return functools.partial(train_step, runtime=self.runtime,
+                             pipelined=self.pipelined(pipelined_loss_and_grads, remat))
 
   def eval_step(self, state, batch):
     return eval_step(state, batch)

@@ -223,6 +223,17 @@ PARAM_AXES = (
 )
 
 
+def pipeline_layers(cfg) -> list[tuple[str, str]]:
+  """GPipe cuts BERT between encoder layers (the embeddings go with the first, the pooler and
+  both heads with the last): [(layer, regex of its parameter paths)]. The word embedding is
+  read by the first layer (lookup) and the last (the masked-LM projection tied to it)."""
+  n = cfg.model.num_layers
+  layers = [(f"layer_{i}", [f"layer_{i}/.*"]) for i in range(n)]
+  layers[0][1].append("(word|position|token_type)_embeddings/.*|embeddings_LayerNorm/.*")
+  layers[-1][1].append("pooler/.*|nsp/.*|mlm_.*|word_embeddings/.*")
+  return [(name, "|".join(paths)) for name, paths in layers]
+
+
 def schedule_for(cfg: BertConfig) -> schedules.BertLambSchedule:
   opt = cfg.optimizer
   return schedules.BertLambSchedule(base_lr=opt.base_learning_rate,
@@ -270,8 +281,15 @@ def missing_data(cfg, data_dir) -> list[str]:
 
 
 def check_framework(cfg, framework):
-  """Packed rows run in JAX on one host: the TF model has no per-sample attention, positions
-  or NSP slots, and each host's packer would train a different number of samples a step."""
+  """BERT's GPipe pipeline is JAX's (the TF pipeline places the Transformer's and ResNet's
+  layers). Packed rows run in JAX on one host: the TF model has no per-sample attention,
+  positions or NSP slots, and each host's packer would train a different number of samples a
+  step."""
+  stages, micro = cfg.parallel.axes()["stage"], cfg.parallel.microbatches
+  if framework == "tf" and (stages > 1 or micro > 1):
+    raise UsageError(f"--mesh stage={stages} / parallel.microbatches={micro} for BERT in TF: "
+                     "its pipeline runs in JAX only; allowed: --framework jax, or stage=1 and "
+                     "microbatches=1")
   if not cfg.data.packing:
     return
   if framework == "tf":
@@ -293,11 +311,12 @@ SPEC = WorkloadSpec(
     input_pipeline_module="workloads.bert.input_pipeline",
     mllog_hyperparameters=mllog_hyperparameters,
     derive=derive,
-    mesh_axes=("data", "model"),
+    mesh_axes=("data", "stage", "model"),
     split_dims=lambda cfg: {"length": cfg.data.max_seq_length, "heads": cfg.model.num_heads,
                             "mlp": cfg.model.intermediate_size, "vocab": cfg.model.vocab_size},
     batch_layout=batch_layout,
     param_axes=PARAM_AXES,
+    pipeline_layers=pipeline_layers,
     data_dir_contents=("a folder with the MLPerf BERT TFRecords (part-*, eval_10k) and "
                        "tf1_ckpt/model.ckpt-28252"),
     missing_data=missing_data,

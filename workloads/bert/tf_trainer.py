@@ -58,6 +58,7 @@ class BertTrainer(StrategyTrainer):
   spec = spec.SPEC
 
   def __init__(self, cfg, ctx):
+    spec.check_framework(cfg, "tf")         # a pipeline or packed rows: JAX only, one line
     super().__init__(cfg, ctx)
     self.schedule = spec.schedule_for(cfg)
 
