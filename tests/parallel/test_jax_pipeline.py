@@ -13,6 +13,7 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 from flax import traverse_util
@@ -177,25 +178,32 @@ def test_stages_own_their_weights_and_optimizer_state():
 # ------------------------------------------------------------------ BERT
 def test_bert_pipelined_with_lamb_equals_one_device():
   """BERT's encoder as a pipeline (the embeddings with the first stage, the heads and the
-  tied projection with the last) on data x stage x model with remat: the pipelined loss and
-  gradients (dropout on, keyed by example) and the parameters after two LAMB steps (global-norm
-  clip, per-layer trust ratios) equal one device in float64. (A stage=2,data=1 M=4 trainer
-  here passed too: 12 CPU s for what the Transformer's grid shows.)"""
+  tied projection with the last) on data x stage x model with remat, and on data x stage with
+  the stages owning their weights: the pipelined loss and gradients (dropout on, keyed by
+  example) and the parameters after two LAMB steps equal one device in float64. Stage-owned,
+  LAMB's clip reads the global norm of every stage's gradient and its trust ratios and moments
+  are per stage. (A stage=2,data=1 M=4 trainer here passed too: 12 CPU s for what the
+  Transformer's grid shows.)"""
   trainers = {}
-  for mesh, microbatches in (("stage=1,data=1", 1), ("stage=2,data=2,model=2", 2)):
+  for mesh, microbatches in (("stage=1,data=1", 1), ("stage=2,data=2,model=2", 2),
+                             ("stage=2,data=2", 2)):
     cfg = bert_config()
     cfg.model.num_layers = 3                      # cut 2 + 1: a stage of two layers
+    cfg.optimizer.clip_norm = 0.05                # below the gradient's norm: the clip acts
     cfg.parallel.microbatches = microbatches
     trainers[mesh] = float64_trainer(bert_spec, bert_model, cfg, mesh)
   one = trainers.pop("stage=1,data=1")
+  owned = trainers["stage=2,data=2"]
+  assert owned.stage_weights is not None and trainers["stage=2,data=2,model=2"].stage_weights is None
   batch = jax.device_get(one.synthetic_batch())
   rng = jax.random.fold_in(one.state.dropout_key, one.state.step)
   loss, grads = jax.device_get(jax.jit(jax.value_and_grad(
       lambda p: bert_trainer.loss_and_grads(one.state, p, batch)[0]))(one.state.params))
+  assert optax.global_norm(grads) > 0.05
   for t in trainers.values():
     assert t.stage_cut == (2, 1)
     fn = functools.partial(bert_trainer.pipelined_loss_and_grads, t.model, t.runtime,
-                           t.stage_cut, remat=t.runtime.model > 1)
+                           t.stage_cut, remat=t.runtime.model > 1, weights=t.stage_weights)
     with t.runtime.tracing():
       got_loss, got_grads, iterations = jax.device_get(jax.jit(fn)(
           t.state.params, batch, jax.device_put(rng, t.runtime.replicated)))
@@ -203,7 +211,7 @@ def test_bert_pipelined_with_lamb_equals_one_device():
     assert_close(got_loss, loss)
     # atol: the key biases' gradients are zero but for rounding (softmax ignores a per-query
     # constant), as in the model-parallel BERT test
-    assert_trees_close(got_grads, grads, RTOL, 1e-12)
+    assert_trees_close(jax.device_get(t.params_of(got_grads)), grads, RTOL, 1e-12)
   piped = trainers["stage=2,data=2,model=2"]
   kernel = piped.state.params["layer_0"]["intermediate"]["kernel"]
   assert kernel.sharding.spec == jax.sharding.PartitionSpec(None, "model")
@@ -212,8 +220,8 @@ def test_bert_pipelined_with_lamb_equals_one_device():
     for _ in range(2):
       t.state, _ = t._train_step(t.state, batch)   # pylint: disable=protected-access
   for t in trainers.values():
-    assert_trees_close(jax.device_get(t.state.params), jax.device_get(one.state.params), RTOL,
-                       1e-12)
+    assert_trees_close(jax.device_get(t.params_of(t.state)), jax.device_get(one.state.params),
+                       RTOL, 1e-12)
 
 
 # ------------------------------------------------------------------ ResNet

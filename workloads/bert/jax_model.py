@@ -109,7 +109,6 @@ class BertPretraining(nn.Module):
                                         c.dropout, c.initializer_range, self.dtype))
     self.pooler, self.nsp = dense(c.hidden_size), dense(2)
     self.mlm_transform, self.mlm_LayerNorm = dense(c.hidden_size), norm()
-    self.mlm_output_bias = self.param("mlm_output_bias", nn.initializers.zeros, (c.vocab_size,))
 
   def __call__(self, input_ids, input_mask, segment_ids, masked_lm_positions, train=False,
                positions=None, cls_positions=None):
@@ -135,6 +134,7 @@ class BertPretraining(nn.Module):
       x = getattr(self, f"layer_{i}")(x, mask, not train)
     return x
 
+  @nn.compact            # its bias made here, not in setup: a pipeline's first stage has none
   def heads(self, x, masked_lm_positions, cls_positions):
     first = (x[:, 0] if cls_positions is None
              else jnp.take_along_axis(x, cls_positions[..., None], axis=1))    # [B, S, H]
@@ -142,8 +142,10 @@ class BertPretraining(nn.Module):
     # Masked LM: only the masked positions go through the head (as the reference gathers).
     picked = jnp.take_along_axis(x, masked_lm_positions[..., None], axis=1)
     picked = self.mlm_LayerNorm(gelu(self.mlm_transform(picked)))
-    mlm_logits = constrain(self.word_embeddings.attend(picked.astype(self.dtype))
-                           + self.mlm_output_bias, ("batch", None, "vocab"))
+    output_bias = self.param("mlm_output_bias", nn.initializers.zeros,
+                             (self.config.vocab_size,))
+    mlm_logits = constrain(self.word_embeddings.attend(picked.astype(self.dtype)) + output_bias,
+                           ("batch", None, "vocab"))
     acc = accumulation_dtype(self.dtype)
     return mlm_logits.astype(acc), nsp_logits.astype(acc)
 

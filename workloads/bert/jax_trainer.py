@@ -6,10 +6,10 @@ sharded when weight-update sharding is on. LAMB's per-layer norms are over whole
 GSPMD adds the cross-shard reductions and the step equals the unsharded one.
 
 With `--mesh stage=K` (and micro-batches) the encoder runs as a GPipe pipeline
-(jax_pipeline.py), beside `data` and a `model` axis (3-D parallelism). Its parameters stay
-whole over `stage` (not stage-owned, jax_stage_weights.py): the reference's LAMB clips the
-gradient by its global norm before the per-layer update, so every stage's update needs every
-stage's gradient norm; the update runs as without a pipeline.
+(jax_pipeline.py), beside `data` and a `model` axis (3-D parallelism). Without a model axis
+the stages own their weights (jax_stage_weights.py): LAMB runs per stage on each stage's own
+tree, after the reference's clip by the global norm, which reads every stage's gradient and so
+runs first on the whole stored gradient (the stages' rows and the shared word embedding).
 """
 import functools
 import math
@@ -43,12 +43,14 @@ def loss_and_grads(state, params, batch, train=True):
 
 
 def pipelined_loss_and_grads(model, runtime, cut, params, batch, rng, *, remat=False,
-                             bubble_fill=0.0):
+                             bubble_fill=0.0, weights=None):
   """GPipe over the encoder layers cut per `cut`, each data replica's batch in
   runtime.microbatches micro-batches: the last stage sums the loss's numerators
   (jax_model.loss_sums) over its micro-batches, divided by the global batch's denominators, so
   the loss is the one without a pipeline; dropout is keyed by example, so no number depends on
-  K or M. `rng`: the step's dropout key, None for no dropout. -> (loss, grads, iterations)."""
+  K or M. `rng`: the step's dropout key, None for no dropout. `weights`: the stage-owned layout
+  (jax_stage_weights.StageWeights) `params` are stored in, or None for the whole tree on every
+  device. -> (loss, grads in the form of `params`, iterations)."""
   stages, count = runtime.stage, runtime.microbatches
   ranges = stage_ranges(cut)
   global_batch, length = batch["input_ids"].shape
@@ -62,6 +64,8 @@ def pipelined_loss_and_grads(model, runtime, cut, params, batch, rng, *, remat=F
     start, end = ranges[k]
 
     def fn(p, x, micro):
+      if weights is not None:              # this device's row: stage k's own parameters
+        p = weights.stage_params(p, k)
       with jax_layers.examples(micro["example"]):
         y, logits = model.apply({"params": p}, x, micro, start, end, train,
                                 method=jax_model.BertPretraining.pipeline_layers,
@@ -75,17 +79,19 @@ def pipelined_loss_and_grads(model, runtime, cut, params, batch, rng, *, remat=F
 
   def local(params, batch):
     every = (jax_pipeline.STAGE,) + DATA
-    weights, samples = (jax.lax.psum(d, DATA) for d in jax_model.loss_denominators(batch, acc))
+    masked, samples = (jax.lax.psum(d, DATA) for d in jax_model.loss_denominators(batch, acc))
 
     def loss_fn(p):
       sums, iterations = jax_pipeline.run(fns, p, batch, carry, stages=stages,
                                           microbatches_count=count, remat=remat)
-      return sums[0] / (weights + 1e-5) + sums[1] / samples, iterations
+      return sums[0] / (masked + 1e-5) + sums[1] / samples, iterations
     (loss, iterations), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
-    return (jax.lax.psum(loss, every), jax.lax.psum(grads, every),
-            jax.lax.pmax(iterations, every))
+    grads = (jax.lax.psum(grads, every) if weights is None
+             else weights.sum_gradients(grads, every, DATA))
+    return jax.lax.psum(loss, every), grads, jax.lax.pmax(iterations, every)
 
-  return jax_pipeline.sharded(runtime, local, 1)(params, batch)
+  specs = None if weights is None else weights.specs(params)
+  return jax_pipeline.sharded(runtime, local, 1, param_specs=specs)(params, batch)
 
 
 def train_step(state, batch, *, runtime, pipelined=None):
@@ -108,6 +114,7 @@ def eval_step(state, batch):
 
 class BertTrainer(MeshTrainer):
   spec = spec.SPEC
+  owns_stage_weights = True
 
   def __init__(self, cfg, ctx):
     super().__init__(cfg, ctx)
@@ -122,6 +129,15 @@ class BertTrainer(MeshTrainer):
     self.model = jax_model.build(cfg, self.dtype)
     self.schedule = spec.schedule_for(cfg)
     self.tx = jax_optimizers.make_lamb(cfg.optimizer, self.schedule)
+    # stage-owned weights: LAMB per stage, after the clip by the norm of every stage's gradient
+    clip = cfg.optimizer.clip_norm
+    self._stage_update = (jax_optimizers.make_lamb(cfg.optimizer, self.schedule, clip=False),
+                          functools.partial(jax_optimizers.clip_by_global_norm, clip_norm=clip)
+                          if clip else None)
+
+  def stage_update(self, tx):
+    assert tx is self.tx
+    return self._stage_update
 
   def init_params(self, rng):
     ids = jnp.zeros((1, self.cfg.data.max_seq_length), jnp.int32)
@@ -139,8 +155,10 @@ class BertTrainer(MeshTrainer):
     if not (self.cfg.data.init_checkpoint and self.cfg.data.source == "tfrecord"):
       return state
     params = jax_model.load_tf1_checkpoint(
-        jax.eval_shape(lambda: state.params), input_pipeline.checkpoint_path(self.cfg, self.ctx),
-        self.cfg.model.num_layers)
+        jax.eval_shape(lambda: self.params_of(state)),
+        input_pipeline.checkpoint_path(self.cfg, self.ctx), self.cfg.model.num_layers)
+    if self.stage_weights is not None:               # stage-owned: in their stored form
+      params = self.stage_weights.store(params)
     return state.replace(params=jax.device_put(params, shardings.params))
 
   def samples_in(self, host_batch):

@@ -145,9 +145,12 @@ def mlperf_lamb(learning_rate: Callable, weight_decay: float = 0.01, b1: float =
   return optax.GradientTransformation(init, update)
 
 
-def make_lamb(lamb_cfg, schedule) -> optax.GradientTransformation:
+def make_lamb(lamb_cfg, schedule, clip=True) -> optax.GradientTransformation:
+  """`clip=False`: without the global-norm clip (a caller that clips the whole gradient
+  itself, e.g. before a per-stage update: jax_stage_weights.py)."""
   return mlperf_lamb(lambda step: schedule(step, ops=jnp), lamb_cfg.weight_decay_rate,
-                     lamb_cfg.beta_1, lamb_cfg.beta_2, lamb_cfg.epsilon, lamb_cfg.clip_norm)
+                     lamb_cfg.beta_1, lamb_cfg.beta_2, lamb_cfg.epsilon,
+                     lamb_cfg.clip_norm if clip else None)
 
 
 def make_optimizer(opt_cfg, schedule, weight_decay=None) -> optax.GradientTransformation:

@@ -150,10 +150,12 @@ class StageWeights:
       rows.append((treedef, RowLayout([(x.shape, x.dtype) for x in leaves], self.dtype)))
     return rows
 
-  def optimizer(self, tx, mesh) -> optax.GradientTransformation:
+  def optimizer(self, tx, mesh, before=None) -> optax.GradientTransformation:
     """`tx` (the workload's optax transformation) on the stored form, per stage (above); the
-    same object for the same `tx` (a train state's static field: jit compares it)."""
-    if self._optimizer is not None and self._optimizer[0] is tx:
+    same object for the same `tx` and `before` (a train state's static field: jit compares it).
+    `before(grads)`: a step on the whole stored gradient first, for what reads every stage's
+    gradient (LAMB's global-norm clip: the rows' zero padding adds nothing to a norm)."""
+    if self._optimizer is not None and self._optimizer[0] == (tx, before):
       return self._optimizer[1]
     layouts = self._state_rows(tx)
     width = max([layout.size for _, layout in layouts] + [1])
@@ -180,6 +182,8 @@ class StageWeights:
                             [stage_update(k) for k in range(self.stages)], g, s, p)
 
     def update(grads, state, params):
+      if before is not None:
+        grads = before(grads)
       g, p = _flat(grads), _flat(params)
       shared_updates, shared_state = tx.update(self.shared_tree(grads), state["shared"],
                                                self.shared_tree(params))
@@ -189,7 +193,7 @@ class StageWeights:
       updates = _nested({**_flat(shared_updates), ROWS: rows})
       return updates, {ROWS: state_rows, "shared": shared_state}
 
-    self._optimizer = (tx, optax.GradientTransformation(init, update))
+    self._optimizer = ((tx, before), optax.GradientTransformation(init, update))
     return self._optimizer[1]
 
 

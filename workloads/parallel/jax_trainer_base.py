@@ -86,6 +86,13 @@ class MeshTrainer:
   # only: jax_stage_weights.py); its pipelined loss and eval step read them with params_of.
   owns_stage_weights = False
 
+  def stage_update(self, tx):
+    """(per-stage transformation, step on the whole stored gradient before it or None) of
+    the optimizer `tx` under stage-owned weights (jax_stage_weights.StageWeights.optimizer);
+    a workload whose update reads every stage's gradient returns that part as the step before
+    (the same objects at every call: the state's `tx` is a static field)."""
+    return tx, None
+
   def accumulate(self, acc, outputs):
     """Adds one batch's outputs (spec.evaluator: device arrays, or host numpy when on_host)."""
     return self.evaluator.accumulate(acc, outputs)
@@ -128,6 +135,7 @@ class MeshTrainer:
     self.evaluator = spec.evaluator(cfg, self.data_dir)   # harness.workload.Evaluator
     self.eval_examples = cfg.data.eval_examples
     self._train_iter = self._eval_data = None
+    self.stage_weights = None     # jax_stage_weights.StageWeights, made by init() when owned
     self.describing = False       # describe() before init: shapes and the train step only
 
   @property
@@ -193,7 +201,8 @@ class MeshTrainer:
     if getattr(self, "stage_weights", None) is None:
       return state
     stored = self.stage_weights.store(state.params)
-    tx = self.stage_weights.optimizer(state.tx, self.runtime.mesh)
+    per_stage, before = self.stage_update(state.tx)
+    tx = self.stage_weights.optimizer(per_stage, self.runtime.mesh, before)
     return state.replace(params=stored, tx=tx, opt_state=tx.init(stored))
 
   def _eval_on_whole_params(self, state, batch):
