@@ -320,6 +320,12 @@ def pytest_runtest_logreport(report):
 def pytest_terminal_summary(terminalreporter):
   if not CPU_BY_TEST:
     return
+  every = os.environ.get("HARNESS_TEST_CPU_CSV")     # every test's CPU seconds, for trimming
+  if every:
+    with open(every, "w", encoding="utf-8") as f:
+      f.write("cpu_s,test\n")
+      f.writelines(f"{seconds:.1f},{nodeid}\n" for nodeid, seconds in
+                   sorted(CPU_BY_TEST.items(), key=lambda kv: -kv[1]))
   top = sorted(CPU_BY_TEST.items(), key=lambda kv: -kv[1])[:15]
   terminalreporter.write_sep("=", f"most CPU time: {len(top)} of {len(CPU_BY_TEST)} tests "
                                   f"({sum(CPU_BY_TEST.values()) / 60:.1f} CPU minutes in all)")
