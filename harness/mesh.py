@@ -251,9 +251,6 @@ COMPOSITION = (
     Refusal("any", lambda a, p: a["stage"] > 1 and p.bn_group_size,
             lambda a: "--bn-group-size with --mesh stage: pipelined batch norm normalises each "
                       "micro-batch over the data axis; allowed: --bn-group-size 0"),
-    Refusal("tf", lambda a, p: a["expert"] > 1 and a["model"] > 1,
-            lambda a: f"--mesh expert={a['expert']},model={a['model']} in TF: its expert axis "
-                      "runs without a model axis; allowed: both in JAX, or one in TF"),
     Refusal("tf", lambda a, p: a["expert"] > 1 and (a["spatial"] > 1 or p.num_processes > 1
                                                     or p.weight_update_sharding),
             lambda a: f"--mesh expert={a['expert']} in TF: its expert axis runs on one host, "

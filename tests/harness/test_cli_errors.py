@@ -76,7 +76,7 @@ BAD_INPUTS = [
     (["run", "transformer", "--preset", "moe_mini", "--cpu-devices", "8", "--mesh", "data=1,expert=8"], "--mesh expert=8 does not divide the experts size 4; allowed: a divisor of 4"),
     (["run", "transformer", "--preset", "moe_mini", "--mesh", "data=2,expert=2", "--set", "model.moe.group_size=100"], "model.moe.group_size=100 does not divide the 384 tokens of a batch shard (64 rows x 24 over 4 data x expert devices); allowed: a divisor of 384"),
     (["run", "transformer", "--preset", "moe_mini", "--mesh", "stage=2"], "model.moe.num_experts with a GPipe pipeline (--mesh stage / parallel.microbatches) is not supported"),
-    (["run", "transformer", "--preset", "moe_mini", "--framework", "tf", "--mesh", "data=1,expert=2,model=2"], "--mesh expert=2,model=2 in TF: its expert axis runs without a model axis"),
+    (["run", "transformer", "--preset", "moe_mini", "--framework", "tf", "--mesh", "data=1,expert=2,model=2", "--weight-update-sharding"], "--mesh expert=2 in TF: its expert axis runs on one host, without spatial partitioning or weight-update sharding"),
     (["run", "transformer", "--preset", "moe_mini", "--set", "model.moe.second_policy=top"], "model.moe.second_policy='top' is not allowed; choose one of: all, random"),
     (["run", "transformer", "--preset", "moe_mini", "--set", "model.moe.num_experts=1"], "model.moe.num_experts=1 is not allowed; allowed: 0 (dense) or >= 2 experts"),
     (["run", "transformer", "--preset", "moe_mini", "--mesh", "data=3,expert=2"], "train.global_batch_size=64 is not divisible by the data x expert devices the batch is split over (3 x 2); allowed: a multiple of 6"),

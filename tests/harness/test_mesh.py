@@ -136,8 +136,6 @@ def test_one_composition_table_refuses_per_framework():
   JAX; the first row that applies is the one line a user sees."""
   from harness.mesh import ParallelConfig, composition_refusal
   cases = {
-      ("data=1,expert=2,model=2", ()): "--mesh expert=2,model=2 in TF: its expert axis runs "
-                                       "without a model axis",
       ("data=2,expert=2", ("weight_update_sharding",)): "--mesh expert=2 in TF: its expert "
                                                          "axis runs on one host",
       ("data=1,model=2", ("num_processes",)): "--mesh model=2 in TF: its runtime splits "
@@ -149,6 +147,9 @@ def test_one_composition_table_refuses_per_framework():
                               num_processes=2 if "num_processes" in flags else 1)
     assert composition_refusal("tf", parallel.axes(), parallel).startswith(message), text
     assert composition_refusal("jax", parallel.axes(), parallel) is None, text
+  # expert x model runs in both (TF: the experts split over expert, whole over model)
+  both = ParallelConfig(mesh="data=1,expert=2,model=2")
+  assert composition_refusal("tf", both.axes(), both) is None
   # data x stage x model: GSPMD over model inside JAX's pipeline; TF places whole stages
   both = ParallelConfig(mesh="data=2,stage=2,model=2")
   assert composition_refusal("jax", both.axes(), both) is None

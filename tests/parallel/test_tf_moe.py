@@ -1,5 +1,5 @@
 """Expert parallelism in the TF runtime (tf_moe.py) on logical CPU devices, in float64: the
-Transformer with expert layers on data x expert replicas, from the one-replica model's
+Transformer with expert layers on data x expert replicas (and on expert x model), from the one-replica model's
 weights, gives the gradients, the loss and parameters after two Adam steps and the router's
 counts of one replica (rtol 1e-9); each replica holds its experts only; and the Keras model
 equals the flax model on the same weights (logits, loss with router losses, gradients)."""
@@ -41,8 +41,9 @@ def summed_gradients(trainer):
 
   def replica(batch):
     out, grads = trainer.loss_and_grads(batch)
-    whole = rt.all_sum(grads[:n]) if rt.distributed else grads[:n]
-    shards = [rt.data_sum(g, w.axis) for g, w in zip(grads[n:], rt.sharded_weights)]
+    if not rt.sharded_weights:
+      return grads, out["router"]
+    whole, shards = trainer.summed_gradients(grads)
     return whole + shards, out["router"]
 
   iterator = trainer._distributed(lambda i, n: batch, 8)   # pylint: disable=protected-access
@@ -53,8 +54,9 @@ def summed_gradients(trainer):
   for weight, grad in zip(rt.sharded_weights, grads[n:]):
     shards = {}
     for r, value in enumerate(local(grad)):
-      shards.setdefault(rt.shape.coordinates(r)["expert"], value.numpy())
-    out[by_var[id(weight)]] = np.concatenate([shards[e] for e in range(rt.expert)], weight.dim)
+      shards.setdefault(rt.shape.coordinates(r)[weight.axis], value.numpy())
+    out[by_var[id(weight)]] = np.concatenate([shards[e] for e in range(weight.parts)],
+                                             weight.dim)
   counts = {k: sum(v.numpy() for v in local(router[k])) for k in ("tokens", "dropped", "load")}
   return out, counts
 
@@ -70,7 +72,10 @@ def one_replica():
 
 # two experts a device with a data axis (one expert a device, data=1,expert=4, is the same
 # dispatch at a third more CPU; JAX's test keeps data=2,expert=4)
-@pytest.mark.parametrize("mesh", ["data=2,expert=2"])
+# expert x model: the experts split over expert and whole over model (every model peer routes
+# the same tokens), attention and dense feed-forwards split over model (Megatron's layers),
+# the expert peers strided by the model axis (harness.mesh.MESH_ORDER)
+@pytest.mark.parametrize("mesh", ["data=2,expert=2", "data=1,expert=2,model=2"])
 def test_expert_parallel_equals_one_replica(one_replica, mesh):
   one, weights, one_grads, one_counts, one_metrics, one_after = one_replica
   trainer = moe_trainer(mesh)

@@ -7,7 +7,9 @@ kernels are tf_model_parallel.ShardedWeights on the `expert` axis). A replica ro
 tokens, sends each expert's slots to the replica holding it and gets the outputs back: two
 all-to-alls over its expert peers (tf_runtime.all_to_all: tf.distribute has none, so it is an
 all-gather, built on the all-reduce, and a slice; gradients are the all-reduce's). An expert
-shard's gradient is summed over the replicas holding the same experts (tf_runtime.data_sum).
+shard's gradient is summed over the replicas holding the same experts (tf_runtime.data_sum),
+divided by their model copies. Beside a model axis the experts stay whole over it: each model
+peer routes the same tokens, and the all-to-alls run among the replicas of one model index.
 The beam-search eval gathers the experts' weights once per batch (gathered_weights) and routes
 every replica's tokens to whole experts locally: no collective inside the decode loop.
 
@@ -210,18 +212,20 @@ class MoEFeedForward(_Leaf):
     """This replica's shares of the global router losses, and its counts."""
     rt = self.runtime
     shards = rt.data if rt is not None else 1
-    count = rt.all_sum(stats["tokens"]) if rt is not None else stats["tokens"]
+    # every model peer routes the same tokens: the sum over replicas counts each `copies` times
+    count = rt.all_sum(stats["tokens"]) / rt.copies if rt is not None else stats["tokens"]
     z_loss = stats["z_loss"] / tf.maximum(count, 1.0)
     balance = stats["balance_loss"] / (groups * shards)
     return {**stats, "z_loss": z_loss, "balance_loss": balance,
             "aux_loss": self.moe.load_balance_loss * balance + self.moe.router_z_loss * z_loss}
 
 
-def replica_figures(collected):
+def replica_figures(collected, copies=1):
   """The MoE layers' figures of one forward pass -> this replica's step figures: z and
   balance losses averaged over the layers (shares: summed over replicas they are the global
-  ones), counts summed."""
-  total = {key: tf.add_n([c[key] for c in collected]) for key in
+  ones), counts summed; each divided by `copies` (the runtime's: model peers route the same
+  tokens, so the sum over replicas counts them that many times)."""
+  total = {key: tf.add_n([c[key] for c in collected]) / copies for key in
            ("z_loss", "balance_loss", "tokens", "dropped", "load")}
   total["z_loss"] /= len(collected)
   total["balance_loss"] /= len(collected)

@@ -238,20 +238,30 @@ class StrategyRuntime:
 
   def model_index(self):
     """This replica's coordinate on the model axis (harness.mesh.MESH_ORDER), a tensor."""
-    return (self.replica_id() // self.spatial) % self.model
+    return self.axis_index("model")
 
   def axis_size(self, axis):
     return self.model if axis == "model" else self.expert
 
+  def _stride(self, axis):
+    """Replicas between two neighbours on `axis` ('model' or 'expert'): the sizes of the axes
+    inside it in harness.mesh.MESH_ORDER (data, expert, model, spatial)."""
+    return self.spatial * (self.model if axis == "expert" else 1)
+
   def axis_index(self, axis):
-    """This replica's coordinate on `axis` ('model' or 'expert': the innermost axes with
-    spatial 1, so its peers on the axis are consecutive replicas)."""
-    return self.model_index() if axis == "model" else self.replica_id() % self.expert
+    """This replica's coordinate on `axis` ('model' or 'expert'), a tensor."""
+    return (self.replica_id() // self._stride(axis)) % self.axis_size(axis)
+
+  def shard_copies(self, axis):
+    """Of the replicas holding one shard of a weight split over `axis` (its data peers), how
+    many compute on the same examples as each other: an expert's holders include the model
+    peers of each (every one routes the same tokens), a model shard's have none."""
+    return self.copies // (self.model if axis == "model" else 1)
 
   def axis_sum(self, x, axis):
     """Sum over this replica's peers on `axis` ('model' or 'expert')."""
     self._count(f"all_reduce_over_{axis}", x)
-    return self.group_sum(x, self.axis_size(axis))
+    return self.group_sum(x, self.axis_size(axis), self._stride(axis))
 
   def axis_gather(self, x, axis):
     """[size, ...]: every peer's x on `axis`, in axis order."""
@@ -312,14 +322,16 @@ class StrategyRuntime:
         SUM, _as_row(x, self.replica_id(), n))
     return tf.reshape(gathered, [n * x.shape[0]] + x.shape[1:].as_list())
 
-  def group_sum(self, x, group_size):
-    """Sum of x over the `group_size` consecutive replicas of this replica's group."""
+  def group_sum(self, x, group_size, stride=1):
+    """Sum of x over the `group_size` replicas of this replica's group: consecutive ones, or
+    every `stride`-th (a mesh axis with axes inside it: replicas r, r + stride, ...)."""
     if group_size == 1 or not self.distributed:
       return x
     if group_size == self.num_replicas:
       return self.all_sum(x)
     groups = self.num_replicas // group_size
-    slot = self.replica_id() // group_size
+    r = self.replica_id()
+    slot = r // (group_size * stride) * stride + r % stride      # the group's index
     return _row(self.all_sum(_as_row(x, slot, groups)), slot)
 
   def halo_pad(self, x, top, bottom, left, right, value=0.0):
@@ -406,7 +418,8 @@ class ShardedUpdate:
   - `group=None`: this replica's shards, updated whole by the replica holding them.
   Per-tensor norms (LARS's and LAMB's trust ratios) are the squares of each tensor's elements
   summed per tensor (segment sums) and then over the replicas holding its other parts: every
-  replica when sliced (each element has one owner), the shard's `norm_axis` peers when not.
+  replica when sliced (each element has one owner), the shard's `norm_axis` peers when not
+  (one axis, or one per tensor: expert shards beside model shards).
   `decayed`: per tensor, whether weight decay (and a trust ratio) applies. Without `step`
   and `lr` at apply, the update counts its own iterations and reads `schedule`.
   """
@@ -415,8 +428,11 @@ class ShardedUpdate:
                schedule=None, name="wus"):
     self.runtime, self.tensors, self.optimizer = runtime, list(tensors), optimizer
     self.rule, slot_names = optimizer.flat_update_rule()
-    self.group, self.norm_axis, self.schedule = group, norm_axis, schedule
+    self.group, self.schedule = group, schedule
     variables = [t() for t in self.tensors]
+    # per tensor (and None for the padding's segment), the axis its norm is summed over
+    self.norm_axes = ([norm_axis] * len(variables) if isinstance(norm_axis, str) or
+                      norm_axis is None else list(norm_axis)) + [None]
     # the variables' own dtype (float32, or float64 in the equality tests)
     self.dtype = tf.as_dtype(variables[0].dtype) if variables else tf.float32
     self.parts = {"replicas": runtime.num_replicas, "data": runtime.data}.get(group, 1)
@@ -456,10 +472,18 @@ class ShardedUpdate:
     return tf.slice(flat, [self._index() * self.shard], [self.shard])
 
   def _norm_sum(self, x):
+    """Per-tensor sums of squares `x` [tensors + 1] -> summed over each tensor's owners."""
     rt = self.runtime
     if self.parts > 1:
       return rt.all_sum(x)
-    return rt.axis_sum(x, self.norm_axis) if self.norm_axis else x
+    axes = sorted({a for a in self.norm_axes if a})
+    if len(axes) <= 1:                    # every shard on one axis (the padding's sum is 0)
+      return rt.axis_sum(x, axes[0]) if axes else x
+    total = tf.zeros_like(x)
+    for axis in axes:                     # each axis' tensors summed over their own peers
+      mine = tf.constant([a == axis for a in self.norm_axes])
+      total += rt.axis_sum(tf.where(mine, x, tf.zeros_like(x)), axis)
+    return total
 
   def _gather(self, new):
     rt = self.runtime

@@ -170,13 +170,12 @@ class StrategyTrainer:
         self.optimizer.build(self.model.trainable_variables)
     # the shards of model/expert-parallel weights: the same update, on each replica's shards
     # (split over their data peers with weight-update sharding), at the whole weights' step;
-    # one axis for all of them (harness.mesh.COMPOSITION: TF's expert axis runs without model)
-    assert len({w.axis for w in rt.sharded_weights}) <= 1
+    # a trust ratio's norm summed over the peers of each shard's own axis
     self.model_update = (tf_runtime.ShardedUpdate(
         rt, [w.component for w in rt.sharded_weights], self.optimizer,
         [self.decayed_shard(w.name) for w in rt.sharded_weights],
         group="data" if rt.weight_update_sharding and rt.data > 1 else None,
-        norm_axis=rt.sharded_weights[0].axis, name="shards")
+        norm_axis=[w.axis for w in rt.sharded_weights], name="shards")
                          if rt.sharded_weights else None)
     jit = self.cfg.train.jit_compile and not rt.distributed
     # a pipeline's ops are placed on its stage devices: XLA would put them on one; its eval
@@ -221,13 +220,7 @@ class StrategyTrainer:
     """Sums the replicas' gradients and applies them; -> the replica's loss share."""
     rt = self.runtime
     if self.model_update is not None:
-      # Model peers compute the same loss on the same examples: a whole weight's gradient is
-      # the same on each, so its sum over all replicas is `model` times the data sum; a
-      # shard's gradient is summed over its data peers only.
-      # (An expert's weights are split over `expert` the same way: model is 1 then.)
-      n = len(self.model.trainable_variables)
-      whole = [g / rt.copies for g in rt.all_sum(grads[:n])]
-      shards = [rt.data_sum(g, w.axis) for g, w in zip(grads[n:], rt.sharded_weights)]
+      whole, shards = self.summed_gradients(grads)
       clip = getattr(self.optimizer, "global_clipnorm", None)
       if clip:              # LAMB's global norm covers the shards too (the shards' squares
         squares = tf.add_n([tf.reduce_sum(tf.square(g)) for g in whole])   # summed over model)
@@ -251,6 +244,19 @@ class StrategyTrainer:
     else:
       self.optimizer.apply(grads, self.model.trainable_variables)
     return loss
+
+  def summed_gradients(self, grads):
+    """In replica context, with sharded weights: (the whole weights' gradients, the shards'),
+    each summed as its update needs. Model peers compute the same loss on the same examples,
+    so a whole weight's gradient is the same on each and its sum over all replicas is
+    `copies` times the data sum; a shard's is summed over its data peers (the replicas
+    holding the same shard), of which an expert's include model peers: divided by theirs."""
+    rt = self.runtime
+    n = len(self.model.trainable_variables)
+    whole = [g / rt.copies for g in rt.all_sum(grads[:n])]
+    shards = [rt.data_sum(g, w.axis) / rt.shard_copies(w.axis)
+              for g, w in zip(grads[n:], rt.sharded_weights)]
+    return whole, shards
 
   def _replicated(self, fn, batch):
     outputs = self.strategy.run(fn, args=(batch,))

@@ -121,7 +121,8 @@ class TransformerTrainer(StrategyTrainer):
     # the shared embedding's lookups give IndexedSlices: dense, to add the projection's part
     grads = [tf.convert_to_tensor(g) for g in grads]
     if routers:                       # expert layers: the step also reports their figures
-      return {"loss": loss, "router": tf_moe.replica_figures(routers)}, grads
+      copies = self.runtime.copies if self.runtime.distributed else 1
+      return {"loss": loss, "router": tf_moe.replica_figures(routers, copies)}, grads
     return loss, grads
 
   def step_outputs(self):
