@@ -256,10 +256,10 @@ COMPOSITION = (
             lambda a: f"--mesh expert={a['expert']} in TF: its expert axis runs on one host, "
                       "without spatial partitioning or weight-update sharding; allowed: those "
                       "in JAX, or data=D,expert=X on one TF host"),
-    Refusal("tf", lambda a, p: a["model"] > 1 and (p.num_processes > 1 or a["spatial"] > 1),
-            lambda a: f"--mesh model={a['model']} in TF: its runtime splits weights on one "
-                      "host, without spatial partitioning; allowed: those in JAX, or "
-                      "data=D,model=M on one TF host"),
+    Refusal("tf", lambda a, p: a["model"] > 1 and a["spatial"] > 1,
+            lambda a: f"--mesh model={a['model']},spatial={a['spatial']} in TF: its runtime "
+                      "splits weights without spatial partitioning; allowed: both in JAX, or "
+                      "one in TF"),
     Refusal("tf", lambda a, p: (a["stage"] > 1 or p.microbatches > 1) and p.num_processes > 1,
             lambda a: f"--mesh stage={a['stage']} in TF: its pipeline is one graph placed over "
                       "one host's devices; allowed: those in JAX, or one TF host"),

@@ -51,7 +51,7 @@ BAD_INPUTS = [
     (["run", "resnet50", "--spatial-partitions", "3"], "does not divide the height size 32"),
     (["run", "resnet50", "--set", "train.target=25"], "train.target=25.0 is out of range for top1_accuracy (fraction); allowed: 0 < target < 1"),
     (["run", "bert", "--set", "optimizer.epsilon=0"], "optimizer.epsilon=0.0 is out of range"),
-    (["run", "transformer", "--framework", "tf", "--mesh", "data=1,model=2", "--num-processes", "2", "--coordinator", "127.0.0.1:9", "--seed", "1"], "--mesh model=2 in TF: its runtime splits weights on one host"),
+    (["run", "transformer", "--framework", "tf", "--mesh", "data=1,model=2,spatial=2"], "--mesh model=2,spatial=2 in TF: its runtime splits weights without spatial partitioning"),
     (["run", "transformer", "--mesh", "data=1,model=8"], "--mesh model=8 does not divide the heads size 4; allowed: a divisor of 4"),
     (["run", "resnet50", "--mesh", "data=2,model=2"], "resnet50 has no dimension laid out on it"),
     (["run", "bert", "--framework", "tf", "--spatial-partitions", "2"], "bert has no dimension laid out on it"),

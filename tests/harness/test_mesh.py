@@ -138,8 +138,8 @@ def test_one_composition_table_refuses_per_framework():
   cases = {
       ("data=2,expert=2", ("weight_update_sharding",)): "--mesh expert=2 in TF: its expert "
                                                          "axis runs on one host",
-      ("data=1,model=2", ("num_processes",)): "--mesh model=2 in TF: its runtime splits "
-                                              "weights on one host",
+      ("data=1,model=2,spatial=2", ()): "--mesh model=2,spatial=2 in TF: its runtime splits "
+                                        "weights without spatial partitioning",
       ("data=1,stage=2", ("num_processes",)): "--mesh stage=2 in TF: its pipeline is one graph",
   }
   for (text, flags), message in cases.items():
@@ -147,9 +147,12 @@ def test_one_composition_table_refuses_per_framework():
                               num_processes=2 if "num_processes" in flags else 1)
     assert composition_refusal("tf", parallel.axes(), parallel).startswith(message), text
     assert composition_refusal("jax", parallel.axes(), parallel) is None, text
-  # expert x model runs in both (TF: the experts split over expert, whole over model)
+  # expert x model runs in both (TF: the experts split over expert, whole over model), and
+  # TF's model axis across processes
   both = ParallelConfig(mesh="data=1,expert=2,model=2")
   assert composition_refusal("tf", both.axes(), both) is None
+  hosts = ParallelConfig(mesh="data=1,model=2", num_processes=2)
+  assert composition_refusal("tf", hosts.axes(), hosts) is None
   # data x stage x model: GSPMD over model inside JAX's pipeline; TF places whole stages
   both = ParallelConfig(mesh="data=2,stage=2,model=2")
   assert composition_refusal("jax", both.axes(), both) is None

@@ -11,7 +11,7 @@ import tensorflow as tf
 
 from harness import config
 from harness.workload import RunContext
-from tests.conftest import run_workers, start_dying_run
+from tests.conftest import free_port, run_workers, start_dying_run, start_worker
 from workloads.resnet import input_pipeline, spec
 from tests.trees import assert_trees_close
 
@@ -152,6 +152,29 @@ def test_two_workers_equal_one_process_with_two_replicas(tmp_path):
   multi = run_workers("tf_multiworker_worker.py", tmp_path, 2, 1, 2, timeout=400)
   # host-side eval: each worker gathered all 48 padded rows of the 3 global batches
   assert int(multi["rows_seen"]) == 48
+
+
+@pytest.mark.slow
+def test_a_model_axis_across_two_workers_equals_one_process(tmp_path):
+  """--mesh data=1,model=2 over 2 workers x 1 replica (each worker holds one shard of every
+  split weight, both read the same batches) against 1 process x 2 replicas, float64: the losses
+  of two Adam steps and every weight after them, shard by shard (rtol 1e-9)."""
+  port = free_port(2)
+  procs = [start_worker("tf_model_multiworker_worker.py", tmp_path / "multi", 2, i, port, 1)
+           for i in range(2)]
+  procs.append(start_worker("tf_model_multiworker_worker.py", tmp_path / "single", 1, 0,
+                            free_port(), 2))
+  outputs = [p.communicate(timeout=400)[0] for p in procs]
+  assert [p.returncode for p in procs] == [0, 0, 0], "\n".join(o[-3000:] for o in outputs)
+  single = dict(np.load(tmp_path / "single.0.npz"))
+  workers = [dict(np.load(tmp_path / f"multi.{i}.npz")) for i in range(2)]
+  shards = [{k for k in w if "#" in k} for w in workers]
+  assert shards[0] and not shards[0] & shards[1]           # each worker holds its own shards
+  assert {k[-1] for k in shards[0]} == {"0"} and {k[-1] for k in shards[1]} == {"1"}
+  for worker in workers:
+    for key, value in worker.items():
+      np.testing.assert_allclose(value, single[key], rtol=1e-9, atol=1e-12, err_msg=key)
+  assert shards[0] | shards[1] == {k for k in single if "#" in k}
 
 
 @pytest.mark.slow

@@ -63,8 +63,10 @@ class ShardedWeight:
     runtime.sharded_weights.append(self)
 
   def replica_shards(self):
-    """(replica's coordinate on the axis, its component variable) for every local replica."""
-    coords = [self.runtime.shape.coordinates(r)[self.axis]
+    """(replica's coordinate on the axis, its component variable) for every local replica (of
+    this process: global replica index process x local replicas + its own)."""
+    first = self.runtime.process_index * self.runtime.local_replicas
+    coords = [self.runtime.shape.coordinates(first + r)[self.axis]
               for r in range(len(self.variable.values))]
     return list(zip(coords, self.variable.values))
 
@@ -74,7 +76,8 @@ class ShardedWeight:
       component.assign(parts[m].astype(component.dtype.as_numpy_dtype))
 
   def full_value(self) -> np.ndarray:
-    """The whole weight, from the shards of the first data replica (host numpy)."""
+    """The whole weight, from the shards of the first data replica (host numpy; this process's
+    replicas must hold every shard)."""
     shards = dict(reversed(self.replica_shards()))
     return np.concatenate([shards[m].numpy() for m in range(self.parts)], self.dim)
 

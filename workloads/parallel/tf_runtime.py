@@ -160,9 +160,9 @@ class StrategyRuntime:
     # are data replicas; a weight split over experts (tf_model_parallel.ShardedWeight, axis
     # 'expert') is summed over the replicas holding the same experts (`data_sum`).
     data *= self.expert
-    if devices is None and data * spatial != available:
-      raise ValueError(f"--mesh data={data},spatial={spatial}: a multi-worker TF run uses "
-                       f"every replica of every worker ({available})")
+    if devices is None and data * spatial * self.model != available:
+      raise ValueError(f"--mesh data={data},model={self.model},spatial={spatial}: a "
+                       f"multi-worker TF run uses every replica of every worker ({available})")
     # GPipe (tf_pipeline.py): one graph placed over stage x data devices, no replicas
     self.stage, self.microbatches = shape.stage, parallel.microbatches
     self.pipelined = self.stage > 1 or self.microbatches > 1
@@ -171,10 +171,20 @@ class StrategyRuntime:
     if devices is not None:
       self.strategy = (_mirrored_strategy(tuple(devices[:self.num_replicas]))
                        if self.num_replicas > 1 else tf.distribute.get_strategy())
-    self.local_replicas = self.num_replicas // self.process_count
-    if spatial > 1 and self.local_replicas % spatial:
+    self.local_replicas = local = self.num_replicas // self.process_count
+    if spatial > 1 and local % spatial:
       raise ValueError(f"--spatial-partitions {spatial}: a spatial group must sit on one host "
-                       f"({self.local_replicas} replica(s) per host here)")
+                       f"({local} replica(s) per host here)")
+    # A data shard's replicas (its model peers and slabs: `copies`) read the same examples. On
+    # hosts of fewer replicas than that (a model axis across processes) consecutive hosts hold
+    # one shard's replicas and read its batch alike: each input pipeline serves that many.
+    k = self.model * spatial
+    if local and (local % k if k <= local else k % local):
+      raise ValueError(f"--mesh model={self.model}: a host's {local} replica(s) must hold whole "
+                       f"model groups, or a model group whole hosts")
+    self.hosts_per_shard = max(1, k // max(local, 1))
+    self.input_hosts = self.process_count // self.hosts_per_shard
+    self.input_host = self.process_index // self.hosts_per_shard
     self.data, self.spatial = data, spatial
     self.bn_group_size = group * spatial            # replicas pooling batch-norm statistics
     self.weight_update_sharding = parallel.weight_update_sharding and self.num_replicas > 1
@@ -370,16 +380,17 @@ class StrategyRuntime:
     if not self.distributed:
       return dataset_fn(self.process_index, self.process_count)
     per_replica = global_batch_size // self.data
+    # this host's input pipeline: its own, or the one it shares with the hosts of its data
+    # shard (a model axis across processes); tf.distribute's ids would be the process's
     return self.strategy.distribute_datasets_from_function(
-        lambda ctx: self._per_replica(dataset_fn(ctx.input_pipeline_id,
-                                                 ctx.num_input_pipelines), per_replica,
-                                      logical_axes))
+        lambda ctx: self._per_replica(dataset_fn(self.input_host, self.input_hosts),
+                                      per_replica, logical_axes))
 
   def _per_replica(self, dataset, per_replica, logical_axes):
     # the model peers of a data shard (and its spatial slabs) read the same examples (expert
     # peers are data shards of their own: self.data counts them)
     local, k = self.local_replicas, self.spatial * self.model
-    if k == 1:
+    if k == 1 or local < k:                 # (a model group over hosts: each its batch whole)
       return dataset.rebatch(per_replica)
 
     def slabs(batch):                       # host batch -> `local` (data shard, slab) parts

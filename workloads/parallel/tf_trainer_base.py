@@ -149,7 +149,7 @@ class StrategyTrainer:
 
   def eval_batches(self, batch_size):
     """Eval batches every host runs (the same count on all hosts)."""
-    hosts = self.runtime.process_count
+    hosts = self.runtime.input_hosts      # hosts of one data shard read the same batches
     return eval_batches_per_host(self.eval_examples, batch_size // hosts, hosts)
 
   def build(self):
@@ -322,7 +322,7 @@ class StrategyTrainer:
     the data is synthetic) the eval loop by running them once on zeros (no dataset exists yet),
     and restores the initial state."""
     self.build()
-    hosts = self.runtime.process_count
+    hosts = self.runtime.input_hosts
 
     def zeros(batch_size, with_mask=False):
       specs = self.batch_spec(batch_size // hosts, with_mask)
