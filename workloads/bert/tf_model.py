@@ -38,16 +38,14 @@ def gelu(x):
 
 
 class TransformerLayer(layers.Layer):
+  @mp.in_path
   def __init__(self, hidden_size, num_heads, intermediate_size, dropout, init, runtime=None,
                **kwargs):
     super().__init__(**kwargs)
-    parallel = {"query": "column", "key": "column", "value": "column",
-                "attention_output": "row", "intermediate": "column", "output": "row"}
-    if runtime is not None and runtime.model > 1:
+    if runtime is not None and runtime.model > 1:   # split as PARAM_AXES says (Megatron's)
       dense = lambda units, name: mp.ParallelDense(
-          hidden_size if parallel[name] == "column" or name == "attention_output"
-          else intermediate_size, units, parallel[name], runtime, kernel_initializer=init,
-          name=name, dtype=self.dtype_policy)
+          intermediate_size if name == "output" else hidden_size, units, runtime,
+          kernel_initializer=init, name=name, dtype=self.dtype_policy)
     else:
       dense = lambda units, name: layers.Dense(units, kernel_initializer=init, name=name,
                                                dtype=self.dtype_policy)
@@ -104,11 +102,14 @@ class BertPretraining(keras.Model):
         units, activation=activation, kernel_initializer=init, name=name, dtype=self.dtype_policy)
     norm = lambda name: layers.LayerNormalization(epsilon=LAYER_NORM_EPSILON, name=name,
                                                   dtype=self.dtype_policy)
-    split = runtime is not None and runtime.model > 1 and c.vocab_size % runtime.model == 0
     # on a model axis: the word embedding and the MLM output bias split on the vocabulary
-    self.word_embeddings = (mp.ShardedWeight(runtime, "word_embeddings",
-                                             (c.vocab_size, c.hidden_size), 0,
-                                             init((c.vocab_size, c.hidden_size), dtype=acc), acc)
+    # (PARAM_AXES' 'vocab'), both or neither (the tied projection adds the bias to its shard)
+    table_shape = (c.vocab_size, c.hidden_size)
+    dim = mp.split_dim(runtime, "word_embeddings/embedding", table_shape)
+    split = dim is not None
+    assert mp.split_dim(runtime, "mlm_output_bias", (c.vocab_size,)) == dim
+    self.word_embeddings = (mp.ShardedWeight(runtime, "word_embeddings", table_shape, dim,
+                                             init(table_shape, dtype=acc), acc)
                             if split else embed(c.vocab_size, "word_embeddings"))
     self.position_embeddings = embed(c.max_position_embeddings, "position_embeddings")
     self.token_type_embeddings = embed(c.type_vocab_size, "token_type_embeddings")
@@ -125,7 +126,7 @@ class BertPretraining(keras.Model):
     self.mlm_transform = dense(c.hidden_size, "mlm_transform")
     self.mlm_LayerNorm = norm("mlm_LayerNorm")
     self.mlm_output_bias = (
-        mp.ShardedWeight(runtime, "mlm_output_bias", (c.vocab_size,), 0,
+        mp.ShardedWeight(runtime, "mlm_output_bias", (c.vocab_size,), dim,
                          np.zeros((c.vocab_size,)), acc) if split else
         self.add_weight(shape=(c.vocab_size,), initializer="zeros", name="mlm_output_bias",
                         dtype=acc))

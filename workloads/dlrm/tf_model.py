@@ -55,7 +55,7 @@ class Dlrm(keras.Model):
                                   kernel_initializer="glorot_normal"))
                     for _ in range(m.dcn_num_layers)]
     self.slab = mp.sharded_or_whole(self, runtime, "slab", (plan.slab_rows, m.embedding_dim),
-                                    0, SlabInitializer(plan.row_bounds()))
+                                    SlabInitializer(plan.row_bounds()), path="embedding/slab")
     consts = plan.column_constants(tuple(m.multi_hot_sizes))
     self.consts = {k: v for k, v in consts.items() if k != "feature"}
     self.bag = np.eye(m.num_features)[consts["feature"]]           # [columns, features]

@@ -9,7 +9,10 @@ tf.custom_gradient over the runtime's group collectives:
                         column-parallel layer: each peer's partial input gradient);
   reduce_from_model(x)  forward the sum over model peers, backward identity (the output of a
                         row-parallel layer: each peer's partial product).
-ParallelDense is keras.layers.Dense split either way. The vocabulary-parallel embedding looks
+ParallelDense is keras.layers.Dense split either way. Which weights split, and on which
+dimension, is the workload's PARAM_AXES through harness.mesh's rule table (`split_dim`), as
+in JAX: a layer names its weights' flax paths (`in_path`), and a dense layer or projection is
+column- or row-parallel by its kernel's split dimension. The vocabulary-parallel embedding looks
 up the ids its shard holds and sums over peers; the vocabulary-parallel softmax cross entropy
 reduces its maximum and sums over `model` and never gathers the logits. A sharded weight's
 gradient is summed over its data peers only (runtime.data_sum); tf_runtime.ShardedUpdate (the
@@ -23,6 +26,8 @@ weight once per batch, before the loop, and decodes with whole weights and no mo
 collectives (every model peer decodes the same sentences; the trainer keeps one copy).
 """
 import contextlib
+import functools
+import inspect
 import threading
 
 import keras
@@ -96,13 +101,51 @@ class ShardedWeight:
     return int(np.prod(self.variable.values[0].shape)) * self.variable.dtype.size
 
 
-def sharded_or_whole(layer, runtime, name, shape, dim, initializer, axis="model"):
-  """A Keras weight of `layer` (in its policy's variable dtype) when there is no `axis` or
-  `dim` does not split over it (it stays whole, as in JAX), else a ShardedWeight drawn from
-  the same initializer."""
+# The path (flax's, as the workload's PARAM_AXES names it) of the layer being built: each layer
+# whose __init__ is decorated with `in_path` adds its name while it and its sublayers make their
+# weights. Models are built in one thread; the tuple is that thread's.
+_PATH = threading.local()
+
+
+def in_path(init):
+  """Decorates a Keras layer's __init__ (called with `name=`): the weights it and its
+  sublayers make have its name in their path, as the flax module of that name's."""
+  @functools.wraps(init)
+  def wrapped(self, *args, **kwargs):
+    saved = getattr(_PATH, "names", ())
+    _PATH.names = saved + (kwargs["name"],)
+    try:
+      init(self, *args, **kwargs)
+    finally:
+      _PATH.names = saved
+  wrapped.__signature__ = inspect.signature(init)   # Keras reads the arguments' names
+  return wrapped
+
+
+def weight_path(name):
+  """The path of a weight `name` made now (by the layer whose __init__ is running)."""
+  return "/".join(getattr(_PATH, "names", ()) + (name,))
+
+
+def split_dim(runtime, path, shape, axis="model"):
+  """The dimension of the weight at `path` that `axis` splits, or None: the workload's
+  PARAM_AXES and harness.mesh's rule table on the runtime's mesh (a dimension the axis does not
+  divide stays whole, as in JAX): the one layout source of both frameworks."""
+  if runtime is None or runtime.axis_size(axis) == 1:
+    return None
+  logical = mesh_lib.param_axes(runtime.param_axes, path, len(shape))
+  layout = mesh_lib.logical_to_mesh(logical, runtime.shape, shape=shape)
+  dims = [d for d, axes in enumerate(layout) if axes == axis]
+  return dims[0] if dims else None
+
+
+def sharded_or_whole(layer, runtime, name, shape, initializer, axis="model", path=None):
+  """A weight of `layer` laid out by the workload's PARAM_AXES (`path`: its flax path, by
+  default weight_path(name)): a ShardedWeight drawn from `initializer` when the table splits a
+  dimension of it over `axis`, else a Keras weight (in its policy's variable dtype)."""
   dtype = layer.dtype_policy.variable_dtype
-  parts = 1 if runtime is None else runtime.axis_size(axis)
-  if parts == 1 or dim is None or shape[dim] % parts:
+  dim = split_dim(runtime, path or weight_path(name), shape, axis)
+  if dim is None:
     return layer.add_weight(shape=shape, initializer=initializer, name=name, dtype=dtype)
   value = initializer(shape, dtype=dtype)
   return ShardedWeight(runtime, f"{layer.name}/{name}", shape, dim, value, dtype, axis)
@@ -121,19 +164,21 @@ def is_sharded(weight):
 
 class ParallelDense(layers.Layer):
   """keras.layers.Dense (kernel, bias; weights made here, not on a first call) split over the
-  model axis: 'column' splits the output units (and the bias), 'row' the input units (the
-  bias, whole, added after the sum over peers)."""
+  model axis as PARAM_AXES lays it out: a kernel split on its output units is Megatron's
+  'column' layer (the bias split alike), on its input units the 'row' one (the bias, whole,
+  added after the sum over peers)."""
 
-  def __init__(self, in_units, units, parallel, runtime, activation=None,
+  @in_path
+  def __init__(self, in_units, units, runtime, activation=None,
                kernel_initializer="glorot_uniform", **kwargs):
     super().__init__(**kwargs)
-    self.runtime, self.parallel = runtime, parallel
+    self.runtime = runtime
     self.activation = keras.activations.get(activation)
-    column = parallel == "column"
-    self.kernel = sharded_or_whole(self, runtime, "kernel", (in_units, units), 1 if column else 0,
+    self.kernel = sharded_or_whole(self, runtime, "kernel", (in_units, units),
                                    keras.initializers.get(kernel_initializer))
-    self.bias = sharded_or_whole(self, runtime, "bias", (units,), 0 if column else None,
-                                 keras.initializers.Zeros())
+    self.bias = sharded_or_whole(self, runtime, "bias", (units,), keras.initializers.Zeros())
+    self.parallel = (None if not isinstance(self.kernel, ShardedWeight) else
+                     "column" if self.kernel.dim == 1 else "row")
 
   def call(self, x):
     sharded = is_sharded(self.kernel)

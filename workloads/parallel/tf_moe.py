@@ -103,12 +103,13 @@ class ExpertDense(_Leaf):
   """E dense layers at once: kernel [E, in, out] (Glorot per expert), bias [E, out]; split
   over the expert axis when the runtime has one."""
 
+  @mp.in_path
   def __init__(self, num_experts, in_units, units, runtime=None, **kwargs):
     super().__init__(**kwargs)
     limit = math.sqrt(6.0 / (in_units + units))
-    self.kernel = mp.sharded_or_whole(self, runtime, "kernel", (num_experts, in_units, units), 0,
+    self.kernel = mp.sharded_or_whole(self, runtime, "kernel", (num_experts, in_units, units),
                                       keras.initializers.RandomUniform(-limit, limit), "expert")
-    self.bias = mp.sharded_or_whole(self, runtime, "bias", (num_experts, units), 0,
+    self.bias = mp.sharded_or_whole(self, runtime, "bias", (num_experts, units),
                                     keras.initializers.Zeros(), "expert")
 
   def call(self, x):
@@ -131,6 +132,7 @@ class Router(_Leaf):
 
 
 class Experts(_Leaf):
+  @mp.in_path
   def __init__(self, num_experts, hidden, filter_size, runtime=None, **kwargs):
     super().__init__(**kwargs)
     self.filter = ExpertDense(num_experts, hidden, filter_size, runtime, name="filter",
@@ -148,6 +150,7 @@ class Experts(_Leaf):
 class MoEFeedForward(_Leaf):
   """jax_moe.MoEFeedForward in Keras: call(x [B, L, H], real [B, L], training) -> [B, L, H]."""
 
+  @mp.in_path
   def __init__(self, hidden, filter_size, moe, accumulation_dtype, runtime=None, **kwargs):
     super().__init__(**kwargs)
     self.moe, self.runtime = moe, runtime

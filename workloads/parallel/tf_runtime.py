@@ -189,6 +189,7 @@ class StrategyRuntime:
     self.bn_group_size = group * spatial            # replicas pooling batch-norm statistics
     self.weight_update_sharding = parallel.weight_update_sharding and self.num_replicas > 1
     self.sharded_weights = []       # tf_model_parallel.ShardedWeight, made by the model's layers
+    self.param_axes = ()            # the workload's PARAM_AXES (the trainer sets it): layouts
     # tf.distribute collectives issued by the traced step, by kind (those of their
     # gradients, which tf.distribute adds in the backward pass, not counted)
     self.collective_calls = {}

@@ -156,6 +156,7 @@ class StrategyTrainer:
     """The model and optimizer, without compiling the steps (parity tests use this)."""
     rt = self.runtime
     rt.sharded_weights = []               # the model's layers make them (tf_model_parallel)
+    rt.param_axes = self.spec.param_axes  # ... where the workload's table splits a weight
     with self.strategy.scope():
       keras.utils.set_random_seed(self.ctx.seed)
       self.model = self.make_model(rt if rt.distributed else None)

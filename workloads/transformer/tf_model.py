@@ -53,13 +53,16 @@ class Projection(layers.Layer):
   is the kernel dimension on heads, `parallel` 'column' (input copied to the model peers) or
   'row' (partial outputs summed over them)."""
 
-  def __init__(self, kernel_shape, equation, fans, runtime=None, split=None, parallel=None,
-               **kwargs):
+  @mp.in_path
+  def __init__(self, kernel_shape, equation, fans, runtime=None, **kwargs):
     super().__init__(**kwargs)
-    self.equation, self.runtime, self.parallel = equation, runtime, parallel
+    self.equation, self.runtime = equation, runtime
     self.contracted = contracted_dims(equation)
-    self.kernel = mp.sharded_or_whole(self, runtime, "kernel", kernel_shape, split,
-                                      glorot(*fans))
+    self.kernel = mp.sharded_or_whole(self, runtime, "kernel", kernel_shape, glorot(*fans))
+    # PARAM_AXES' split: on a contracted dimension the partial outputs are summed over the
+    # model peers (row), on an output one the input is copied to them (column)
+    self.parallel = (None if not isinstance(self.kernel, mp.ShardedWeight) else
+                     "row" if self.kernel.dim < self.contracted else "column")
 
   def call(self, x):
     if not isinstance(self.kernel, mp.ShardedWeight):
@@ -109,17 +112,17 @@ class LayerNorm(layers.Layer):
 
 
 class Attention(Block):
+  @mp.in_path
   def __init__(self, hidden_size, num_heads, dropout, runtime=None, **kwargs):
     super().__init__(**kwargs)
     kv = hidden_size // num_heads
     self.kv = kv
     fans = (hidden_size, hidden_size)       # the reference's [hidden, hidden] matrices
     project = lambda name: Projection((hidden_size, num_heads, kv), "bld,dnh->blnh", fans,
-                                      runtime, 1, "column", name=name, dtype=self.dtype_policy)
+                                      runtime, name=name, dtype=self.dtype_policy)
     self.query, self.key, self.value = project("query"), project("key"), project("value")
     self.output_projection = Projection((num_heads, kv, hidden_size), "blnh,nhd->bld", fans,
-                                        runtime, 0, "row", name="output",
-                                        dtype=self.dtype_policy)
+                                        runtime, name="output", dtype=self.dtype_policy)
     self.weights_dropout = tf_layers.ExampleDropout(dropout, dtype=self.dtype_policy)
 
   def sublayers(self):
@@ -143,12 +146,13 @@ class Attention(Block):
 
 
 class FeedForward(Block):
+  @mp.in_path
   def __init__(self, hidden_size, filter_size, dropout, runtime=None, **kwargs):
     super().__init__(**kwargs)
     if runtime is not None and runtime.model > 1:
-      self.filter = mp.ParallelDense(hidden_size, filter_size, "column", runtime, "relu",
+      self.filter = mp.ParallelDense(hidden_size, filter_size, runtime, "relu",
                                   name="filter", dtype=self.dtype_policy)
-      self.output_dense = mp.ParallelDense(filter_size, hidden_size, "row", runtime,
+      self.output_dense = mp.ParallelDense(filter_size, hidden_size, runtime,
                                         name="output", dtype=self.dtype_policy)
     else:
       self.filter = layers.Dense(filter_size, activation="relu", name="filter",
@@ -183,6 +187,7 @@ def _apply_ffn(ffn, x, real, training):
 
 
 class EncoderLayer(Block):
+  @mp.in_path
   def __init__(self, cfg, runtime=None, index=0, **kwargs):
     super().__init__(**kwargs)
     p = self.dtype_policy
@@ -205,6 +210,7 @@ class EncoderLayer(Block):
 
 
 class DecoderLayer(Block):
+  @mp.in_path
   def __init__(self, cfg, runtime=None, index=0, **kwargs):
     super().__init__(**kwargs)
     p = self.dtype_policy
@@ -255,6 +261,7 @@ class DecoderLayer(Block):
 class Stack(Block):
   """num_layers encoder or decoder layers (named layer_i) and the final LayerNorm."""
 
+  @mp.in_path
   def __init__(self, cfg, layer_class, runtime=None, stages=None, first=0, **kwargs):
     """`stages`, `first`: a pipeline's placement and the index of this stack's first layer in
     the one list of encoder then decoder layers (its weights made on their stage's device)."""
@@ -295,8 +302,9 @@ class Transformer(keras.Model):
     self.acc = accumulation_dtype(self.dtype_policy)
     with tf_pipeline.on_stage_device(stages, 0):
       self.embedding = mp.sharded_or_whole(
-          self, runtime, "embedding", (c.vocab_size, c.hidden_size), 0,
-          keras.initializers.RandomNormal(stddev=c.hidden_size ** -0.5))
+          self, runtime, "embedding", (c.vocab_size, c.hidden_size),
+          keras.initializers.RandomNormal(stddev=c.hidden_size ** -0.5),
+          path="embedding_shared/embedding")
     self.encoder = Stack(c, EncoderLayer, runtime, stages, 0, name="encoder",
                          dtype=self.dtype_policy)
     self.decoder = Stack(c, DecoderLayer, runtime, stages, c.num_layers, name="decoder",
