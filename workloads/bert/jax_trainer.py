@@ -21,7 +21,7 @@ from flax.training import train_state
 from harness.pipeline import stage_ranges
 from workloads.bert import input_pipeline, jax_model, packing, spec
 from workloads.optim import jax_optimizers
-from workloads.parallel import jax_layers, jax_pipeline
+from workloads.parallel import jax_pipeline
 from workloads.parallel.jax_runtime import DATA
 from workloads.parallel.jax_trainer_base import MeshTrainer, apply_update
 
@@ -60,25 +60,17 @@ def pipelined_loss_and_grads(model, runtime, cut, params, batch, rng, *, remat=F
   train = rng is not None
   acc = jax_model.accumulation_dtype(model.dtype)
 
-  def stage_fn(k):
-    start, end = ranges[k]
+  def layers(p, x, micro, start, end):
+    y, logits = model.apply({"params": p}, x, micro, start, end, train,
+                            method=jax_model.BertPretraining.pipeline_layers,
+                            rngs={"dropout": rng} if train else None)
+    if logits is None:
+      return y, jnp.zeros((2,), acc)
+    return jnp.zeros_like(y), jnp.stack(jax_model.loss_sums(*logits, micro)).astype(acc)
 
-    def fn(p, x, micro):
-      if weights is not None:              # this device's row: stage k's own parameters
-        p = weights.stage_params(p, k)
-      with jax_layers.examples(micro["example"]):
-        y, logits = model.apply({"params": p}, x, micro, start, end, train,
-                                method=jax_model.BertPretraining.pipeline_layers,
-                                rngs={"dropout": rng} if train else None)
-      if logits is None:
-        return y, jnp.zeros((2,), acc)
-      return jnp.zeros_like(y), jnp.stack(jax_model.loss_sums(*logits, micro)).astype(acc)
-    return fn
-
-  fns = [stage_fn(k) for k in range(stages)]
+  fns = jax_pipeline.stage_functions(ranges, weights, layers)
 
   def local(params, batch):
-    every = (jax_pipeline.STAGE,) + DATA
     masked, samples = (jax.lax.psum(d, DATA) for d in jax_model.loss_denominators(batch, acc))
 
     def loss_fn(p):
@@ -86,9 +78,7 @@ def pipelined_loss_and_grads(model, runtime, cut, params, batch, rng, *, remat=F
                                           microbatches_count=count, remat=remat)
       return sums[0] / (masked + 1e-5) + sums[1] / samples, iterations
     (loss, iterations), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
-    grads = (jax.lax.psum(grads, every) if weights is None
-             else weights.sum_gradients(grads, every, DATA))
-    return jax.lax.psum(loss, every), grads, jax.lax.pmax(iterations, every)
+    return jax_pipeline.reduced(loss, grads, iterations, weights)
 
   specs = None if weights is None else weights.specs(params)
   return jax_pipeline.sharded(runtime, local, 1, param_specs=specs)(params, batch)

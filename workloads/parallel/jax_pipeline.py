@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
+from workloads.parallel import jax_layers
 from workloads.parallel.jax_runtime import DATA
 
 STAGE = "stage"
@@ -76,6 +77,33 @@ def run(stage_fns, params, inputs, carry, *, stages, microbatches_count, remat=F
   (_, acc, count), _ = jax.lax.scan(iteration, (carry, out_zeros, jnp.int32(0)),
                                     jnp.arange(k_count + m_count - 1))
   return acc, count
+
+
+def stage_functions(ranges, weights, apply_layers):
+  """One `fn(params, x, micro)` per stage for `run`: `apply_layers(params, x, micro, start,
+  end)` runs the stage's layers [start, end) on its own parameters (with stage-owned `weights`,
+  jax_stage_weights.StageWeights, this device's row unpacked; None: the whole tree), dropout
+  keyed by the micro-batch's global example indices (micro['example'])."""
+  def make(k):
+    start, end = ranges[k]
+
+    def fn(params, x, micro):
+      if weights is not None:
+        params = weights.stage_params(params, k)
+      with jax_layers.examples(micro["example"]):
+        return apply_layers(params, x, micro, start, end)
+    return fn
+  return [make(k) for k in range(len(ranges))]
+
+
+def reduced(loss, grads, iterations, weights=None):
+  """Inside `sharded`: the step's loss summed over stage x data, its gradients summed as the
+  parameters are kept (whole: over stage x data; stage-owned rows: over data only) and the
+  iterations run."""
+  every = (STAGE,) + DATA
+  grads = (jax.lax.psum(grads, every) if weights is None
+           else weights.sum_gradients(grads, every, DATA))
+  return jax.lax.psum(loss, every), grads, jax.lax.pmax(iterations, every)
 
 
 def sharded(runtime, local_fn, replicated_args, param_specs=None, outputs=3):

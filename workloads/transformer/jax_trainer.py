@@ -16,7 +16,7 @@ from flax.training import train_state
 
 from harness.pipeline import stage_ranges
 from workloads.optim import jax_optimizers
-from workloads.parallel import jax_layers, jax_moe, jax_pipeline
+from workloads.parallel import jax_moe, jax_pipeline
 from workloads.parallel.jax_runtime import DATA
 from workloads.parallel.jax_trainer_base import MeshTrainer, apply_update
 from workloads.transformer import jax_beam_search, jax_model, spec
@@ -60,27 +60,19 @@ def pipelined_loss_and_grads(model, runtime, cut, params, batch, rng, *, label_s
   batch = {**batch, "example": jnp.arange(global_batch)}   # split over DATA like the rows
   train = rng is not None
 
-  def stage_fn(k):
-    start, end = ranges[k]
+  def layers(p, x, micro, start, end):
+    y, logits = model.apply({"params": p}, x, micro["inputs"], micro["targets"],
+                            spec.packed_features(micro), start, end, train,
+                            method=jax_model.Transformer.pipeline_layers,
+                            rngs={"dropout": rng} if train else None)
+    if logits is None:
+      return y, jnp.zeros((), jax_model.accumulation_dtype(model.dtype))
+    total, _ = jax_model.smoothed_cross_entropy(logits, micro["targets"], label_smoothing)
+    return jax.tree.map(jnp.zeros_like, y), total
 
-    def fn(p, x, micro):
-      if weights is not None:              # this device's row: stage k's own parameters
-        p = weights.stage_params(p, k)
-      with jax_layers.examples(micro["example"]):
-        y, logits = model.apply({"params": p}, x, micro["inputs"], micro["targets"],
-                                spec.packed_features(micro), start, end, train,
-                                method=jax_model.Transformer.pipeline_layers,
-                                rngs={"dropout": rng} if train else None)
-      if logits is None:
-        return y, jnp.zeros((), jax_model.accumulation_dtype(model.dtype))
-      total, _ = jax_model.smoothed_cross_entropy(logits, micro["targets"], label_smoothing)
-      return jax.tree.map(jnp.zeros_like, y), total
-    return fn
-
-  fns = [stage_fn(k) for k in range(stages)]
+  fns = jax_pipeline.stage_functions(ranges, weights, layers)
 
   def local(params, batch):
-    every = (jax_pipeline.STAGE,) + DATA
     tokens = jax.lax.psum(jnp.sum(batch["targets"] != jax_model.PAD_ID), DATA)
 
     def loss_fn(p):
@@ -88,9 +80,7 @@ def pipelined_loss_and_grads(model, runtime, cut, params, batch, rng, *, label_s
                                            microbatches_count=count, remat=remat)
       return total / jnp.maximum(tokens, 1).astype(total.dtype), iterations
     (loss, iterations), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
-    grads = (jax.lax.psum(grads, every) if weights is None
-             else weights.sum_gradients(grads, every, DATA))
-    return jax.lax.psum(loss, every), grads, jax.lax.pmax(iterations, every)
+    return jax_pipeline.reduced(loss, grads, iterations, weights)
 
   specs = None if weights is None else weights.specs(params)
   return jax_pipeline.sharded(runtime, local, 1, param_specs=specs)(params, batch)
