@@ -3,14 +3,18 @@ micro-batches on data=2,stage=2,model=2 in JAX (8 simulated devices: 3-D paralle
 over model inside each stage) and on stage=2 in TF (2: data x
 stage in TF is its float64 equality test's point, test_tf_pipeline.py) reach their mini targets
 (ResNet-50's pipelined step, batch-norm statistics included, is its equality tests' point in
-both frameworks: test_jax_pipeline.py, test_tf_pipeline.py), the row records the layout and the log passes the
-official checker; describe prints the cut, the bubble and memory with and without
+both frameworks: test_jax_pipeline.py, test_tf_pipeline.py), the row records the layout, the
+log carries the keys closed_transformer.yaml asks for with the mini preset's values and passes
+the official checker (these are the Transformer's mini runs to target); describe prints the cut, the bubble and memory with and without
 re-materialization; simulate times the schedule."""
 import json
 
+import pandas as pd
 import pytest
 
 from tests.conftest import run_to_target
+from workloads.transformer import input_pipeline as transformer_input
+from workloads.transformer import spec as transformer_spec
 
 pytestmark = pytest.mark.slow
 
@@ -24,6 +28,41 @@ def test_pipelined_mini_reaches_target_with_a_checker_clean_log(cli, tmp_path, f
                                                                 target, microbatches):
   run_to_target(cli, tmp_path, framework, workload, devices, layout, target,
                 "--set", f"parallel.microbatches={microbatches}")
+  row = pd.read_csv(tmp_path / "results.csv").iloc[0]
+  assert row["framework"] == framework and row["preset"] == "mini"
+  assert_mini_transformer_log(row, tmp_path / "data")
+
+
+def _log_events(path):
+  with open(path) as f:
+    return [json.loads(line[len(":::MLLOG "):]) for line in f if line.startswith(":::MLLOG ")]
+
+
+def assert_mini_transformer_log(row, data_dir):
+  """The log carries every key closed_transformer.yaml (ruleset 0.7.0) asks for with the mini
+  preset's values (these runs replaced the one-device JAX mini run of
+  tests/transformer/test_transformer_end_to_end.py, which checked the same: 32 CPU s)."""
+  events = _log_events(row["log_path"])
+  by_key = {e["key"]: e for e in events}
+  expected = {"submission_benchmark": "transformer", "opt_name": "adam",
+              "opt_base_learning_rate": 1.0, "opt_learning_rate_warmup_steps": 200,
+              "opt_adam_beta_1": 0.9, "opt_adam_beta_2": 0.98, "opt_adam_epsilon": 1e-9,
+              "max_sequence_length": 24, "global_batch_size": 64, "eval_samples": 200}
+  for key, value in expected.items():
+    assert by_key[key]["value"] == pytest.approx(value), key
+  # packed rows: the batch and the epoch count rows, as many as packing the files gives
+  assert by_key["global_batch_size"]["metadata"]["samples"] == "packed rows"
+  cfg = transformer_spec.SPEC.configure("mini")
+  folder = transformer_input.prepare_mini(cfg.data, str(data_dir / "transformer_mini"))
+  rows = transformer_input.count_rows(
+      transformer_input.tfrecord_files(folder["dir"], "train-*"), cfg.data)
+  assert by_key["train_samples"]["value"] == rows and 6000 / 3 < rows < 6000 * 0.8
+  assert by_key["max_sequence_length"]["metadata"]["method"] == "discard"
+  # BLEU is logged as eval_accuracy / 100, once per epoch
+  accuracies = [e for e in events if e["key"] == "eval_accuracy"]
+  assert [e["metadata"]["epoch_num"] for e in accuracies] == list(
+      range(1, len(accuracies) + 1))
+  assert accuracies[-1]["value"] == pytest.approx(row["final_metric"] / 100)
 
 
 def test_describe_prints_the_cut_the_bubble_and_memory_with_and_without_remat(cli):
