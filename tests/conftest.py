@@ -60,13 +60,6 @@ def pytest_configure(config):
     return
   from workloads.parallel import tf_runtime   # pylint: disable=import-outside-toplevel
   tf_runtime.use_logical_cpus(8)
-  # The in-process TF tests trace many graphs (each replica's, each trainer's) and run each a
-  # few times: Grappler's rewrites of every graph cost more than they save there (the TF
-  # pipeline's two-replica equality test 96 -> 74 s of CPU, the TF MoE one 40 -> 34), as
-  # XLA's optimisations do for JAX (FEW_STEP_ENV). Every equality they assert is between two
-  # graphs run alike; the command-line runs (subprocesses) keep Grappler, as a user's do.
-  import tensorflow as tf  # pylint: disable=import-outside-toplevel
-  tf.config.optimizer.set_experimental_options({"disable_meta_optimizer": True})
 
 
 def clean_env(few_steps=False):
