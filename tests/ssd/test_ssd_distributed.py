@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 
 from harness import config
-from harness.errors import UsageError
 from harness.workload import RunContext
 from workloads.ssd import spec
 from tests.trees import assert_trees_close
@@ -105,32 +104,41 @@ def test_jax_eval_is_layout_independent_and_counts_every_image_once(jax_single, 
   assert result["count"] == split.cfg.data.eval_examples
 
 
-def test_tf_spatial_partitioning_refuses_rows_that_do_not_split_in_one_line():
-  """300 rows over 2 slabs at the backbone's stride 8: 150 -> 75 -> 38 does not split."""
-  cfg = tiny_config(mesh="data=2,spatial=2")
-  spec.check_framework(cfg, "tf")                                  # 64 rows: 16 | 64
-  cfg.data.image_size = 300
-  with pytest.raises(UsageError, match="data.image_size=300 must be a multiple of 16"):
-    spec.check_framework(cfg, "tf")
+def test_tf_spatial_rows_pad_the_reference_image_to_split_at_every_level():
+  """The reference's 300 rows over 2 slabs: 150 -> 75 -> 38 rows do not halve, so TF pads the
+  image to 304 rows (152, 76, 38 at the backbone's levels, each a multiple of 2); the real
+  extents the layers keep are the unpadded image's; JAX needs no padding rows."""
+  cfg = spec.reference()
+  cfg.parallel.mesh = "data=1,spatial=2"
+  assert spec.spatial_rows(cfg, 2) == 304 and spec.spatial_rows(cfg, 4) == 320
+  assert spec.real_rows(300, cfg.model) == [150, 75, 75, 38, 38]
+  assert spec.real_rows(304, cfg.model) == [152, 76, 76, 38, 38]
+  assert spec.backbone_size(cfg.model, 300) == 38
+  cfg.data.image_size = 64                             # the mini size splits as it is
+  assert spec.spatial_rows(cfg, 2) == 64
 
 
 @pytest.mark.slow
 def test_tf_spatial_partitioning_equals_one_replica():
   """Row slabs with halo exchange in the backbone, its map gathered for the extra layers and
-  heads (Google's v0.7 SSD split 4 and 8 ways): the same weights and batch-norm statistics
-  after three SGD steps as one replica, and the same eval."""
+  heads (Google's v0.7 SSD split 4 and 8 ways), on 56-px images that do not split (28, 14, 7
+  rows): padded to 64 rows, each level's padding rows zeroed and left out of batch norm's
+  statistics, the gathered map cropped to 7 rows: the same weights and batch-norm statistics
+  after three SGD steps as one replica on the unpadded image, and the same eval."""
   def tf_state(trainer):
     return {v.path: v.numpy() for v in trainer.model.weights}
 
   def float64(mesh):          # float64: the two differ only by summation order (~1e-15)
-    trainer = spec.SPEC.make_trainer("tf", tiny_config(mesh=mesh), RunContext(seed=0,
-                                                                              preset="tiny"))
+    cfg = tiny_config(mesh=mesh)
+    cfg.data.image_size = 56
+    trainer = spec.SPEC.make_trainer("tf", cfg, RunContext(seed=0, preset="tiny"))
     trainer.dtype = "float64"
     trainer.init()
     trainer.train(3)
     return trainer
   one, split = float64("data=1"), float64("data=2,spatial=2")
   assert split.num_devices == 4 and split.runtime.spatial == 2
+  assert split.model.input_shape == (None, 32, 56, 3)          # a slab of the 64 padded rows
   assert_close(tf_state(split), tf_state(one), rtol=1e-9, atol=1e-12)
   assert split.evaluate()["count"] == split.cfg.data.eval_examples
 

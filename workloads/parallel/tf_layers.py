@@ -20,13 +20,24 @@ class CrossReplicaBatchNorm(layers.BatchNormalization):
   replicas (1: local, all: global, Keras' synchronized=True). Two passes (mean, then the mean
   squared deviation), as Keras computes them on one device. The running statistics take the
   mean over all replicas of the group statistics, so every replica keeps the same ones (as
-  the JAX runtime's pmean over groups)."""
+  the JAX runtime's pmean over groups). With `real_rows` (a spatially partitioned image padded
+  to split evenly: SSD's 300 rows), the statistics count the image's own rows only and the
+  padding rows come out zero, as the unpadded image's next conv would pad."""
 
-  def __init__(self, runtime, **kwargs):
+  def __init__(self, runtime, real_rows=None, **kwargs):
     super().__init__(**kwargs)
     self.runtime = runtime
+    self.real_rows = real_rows     # a padded image's slabs: rows past these are not the image's
 
   def call(self, inputs, training=None, mask=None):
+    rt = self.runtime
+    if self.real_rows is None:
+      return self._normalize(inputs, training, mask)
+    keep = image_rows(rt, inputs, self.real_rows)
+    out = self._normalize(inputs, training, mask, keep)
+    return tf.where(keep, out, tf.zeros_like(out))     # as the unpadded image's conv padding
+
+  def _normalize(self, inputs, training, mask, keep=None):
     rt = self.runtime
     if not training or not rt.distributed:
       return super().call(inputs, training=training, mask=mask)
@@ -34,9 +45,16 @@ class CrossReplicaBatchNorm(layers.BatchNormalization):
     x = tf.cast(inputs, tf.float64 if inputs.dtype == tf.float64 else tf.float32)
     axes = list(range(x.shape.rank - 1))
     group = rt.bn_group_size
-    count = rt.group_sum(tf.cast(tf.reduce_prod(tf.shape(x)[:-1]), x.dtype), group)
-    mean = rt.group_sum(tf.reduce_sum(x, axes), group) / count
-    variance = rt.group_sum(tf.reduce_sum(tf.square(x - mean), axes), group) / count
+    if keep is None:
+      count = rt.group_sum(tf.cast(tf.reduce_prod(tf.shape(x)[:-1]), x.dtype), group)
+      mean = rt.group_sum(tf.reduce_sum(x, axes), group) / count
+      variance = rt.group_sum(tf.reduce_sum(tf.square(x - mean), axes), group) / count
+    else:              # over the image's own rows only (keep: [1, H, 1, 1])
+      weight = tf.cast(keep, x.dtype)
+      per_row = tf.cast(tf.shape(x)[0] * tf.shape(x)[2], x.dtype)
+      count = rt.group_sum(tf.reduce_sum(weight) * per_row, group)
+      mean = rt.group_sum(tf.reduce_sum(x * weight, axes), group) / count
+      variance = rt.group_sum(tf.reduce_sum(tf.square(x - mean) * weight, axes), group) / count
     if group == rt.num_replicas:
       run_mean, run_var = mean, variance
     else:
@@ -47,6 +65,29 @@ class CrossReplicaBatchNorm(layers.BatchNormalization):
     self.moving_variance.assign(self.moving_variance * m + run_var * (1.0 - m))
     out = tf.nn.batch_normalization(x, mean, variance, self.beta, self.gamma, self.epsilon)
     return tf.cast(out, self.compute_dtype)
+
+
+def image_rows(runtime, x, real_rows):
+  """[1, h, 1, 1] booleans: which rows of this replica's slab x [N, h, W, C] lie inside an
+  image of `real_rows` rows at this level (slab j holds rows j * h ... (j + 1) * h - 1)."""
+  h = x.shape[1]
+  rows = tf.range(h) + tf.cast(runtime.spatial_index(), tf.int32) * h
+  return tf.reshape(rows < real_rows, [1, h, 1, 1])
+
+
+class ImageRows(layers.Layer):
+  """Zeroes a padded image's slab rows past the image's `real_rows` at this level: they then
+  read as the unpadded image's conv and pool padding."""
+
+  def __init__(self, runtime, real_rows, **kwargs):
+    super().__init__(**kwargs)
+    self.runtime, self.real_rows = runtime, real_rows
+
+  def call(self, x):
+    return tf.where(image_rows(self.runtime, x, self.real_rows), x, tf.zeros_like(x))
+
+  def compute_output_shape(self, shape):
+    return shape
 
 
 class PaddedConv2D(layers.Conv2D):
@@ -145,12 +186,14 @@ class RuntimeLayers:
     self.runtime, self.dtype = runtime, dtype
     self.bn_momentum, self.bn_epsilon = bn_momentum, bn_epsilon
 
-  def bn(self, name, zero_init=False):
+  def bn(self, name, zero_init=False, real_rows=None):
+    """real_rows: under spatial partitioning of a padded image, the image's own rows at this
+    level (statistics over them only, the rest zeroed: CrossReplicaBatchNorm)."""
     kw = dict(momentum=self.bn_momentum, epsilon=self.bn_epsilon, name=name, dtype=self.dtype,
               gamma_initializer="zeros" if zero_init else "ones")
     if self.runtime is None:
       return layers.BatchNormalization(**kw)
-    return CrossReplicaBatchNorm(self.runtime, **kw)
+    return CrossReplicaBatchNorm(self.runtime, real_rows, **kw)
 
   def pad(self, amount):
     if self.runtime is None:

@@ -120,6 +120,9 @@ class StrategyTrainer:
     self.eval_examples = cfg.data.eval_examples
     self.sharded = None
     self._train_iter = self._eval_data = None
+    # a workload's change to every host batch before it is split over replicas (SSD pads its
+    # image's rows for spatial slabs); None: the batches as the input pipeline gives them
+    self.host_batch_map = None
 
   @property
   def eval_on_host(self):
@@ -306,8 +309,13 @@ class StrategyTrainer:
 
   def _distributed(self, make_dataset, global_batch_size, with_mask=False):
     """make_dataset(process_index, process_count) -> this host's batches; per replica."""
-    return iter(self.runtime.distribute(make_dataset, global_batch_size,
+    return iter(self.runtime.distribute(self._mapped(make_dataset), global_batch_size,
                                         self.batch_axes(with_mask)))
+
+  def _mapped(self, make_dataset):
+    if self.host_batch_map is None:
+      return make_dataset
+    return lambda i, n: make_dataset(i, n).map(self.host_batch_map)
 
   def _state(self):
     """Every per-device value of the training state (replicas of mirrored variables included)."""
@@ -370,7 +378,8 @@ class StrategyTrainer:
     eval_bs = self.eval_batch_size()
     if self._eval_data is None:         # built once: its .cache() then serves every eval
       make = lambda i, n: self.pipeline.eval_dataset(self.cfg, eval_bs, self.data_dir, i, n)
-      self._eval_data = self.runtime.distribute(make, eval_bs, self.batch_axes(True))
+      self._eval_data = self.runtime.distribute(self._mapped(make), eval_bs,
+                                                self.batch_axes(True))
     iterator, batches = iter(self._eval_data), self.eval_batches(eval_bs)
     if not self.eval_on_host:
       return self.finalize(self._eval_loop(iterator, tf.constant(batches)).numpy())

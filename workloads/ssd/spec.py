@@ -107,10 +107,7 @@ def conv_out(size, kernel, stride, padding):
 def backbone_size(model: ModelConfig, image_size: int) -> int:
   """Rows of the backbone's output: 7x7/2 conv (pad 3), 3x3/2 max pool (pad 1), then one
   stride-2 3x3 (pad 1) per layer after layer1 except the last (layer3 at stride 1)."""
-  size = conv_out(conv_out(image_size, 7, 2, 3), 3, 2, 1)
-  for _ in range(len(model.backbone_blocks) - 2):
-    size = conv_out(size, 3, 2, 1)
-  return size
+  return real_rows(image_size, model)[-1]
 
 
 def backbone_channels(model: ModelConfig) -> int:
@@ -259,17 +256,30 @@ def mllog_hyperparameters(cfg, train_examples: int) -> dict:
           "gradient_accumulation_steps": 1}
 
 
-def check_framework(cfg, framework):
-  """TF splits the backbone's rows into equal slabs at every stride (halo exchange), then
-  gathers the backbone's map whole for the extra layers and heads (whose 5 -> 3 -> 1 rows at
-  300 px would not split): the image rows must divide by spatial x the backbone's stride."""
-  spatial, size = cfg.parallel.axes()["spatial"], cfg.data.image_size
-  unit = spatial * 2 ** len(cfg.model.backbone_blocks)
-  if framework == "tf" and spatial > 1 and size % unit:
-    raise UsageError(f"--mesh spatial={spatial}: the TF SSD splits every backbone stride into "
-                     f"equal slabs, so data.image_size={size} must be a multiple of {unit} "
-                     f"(spatial x the backbone's stride); allowed: such a size in TF (the mini "
-                     "preset's 64), any size in JAX (XLA pads the slabs)")
+def backbone_stride(model: ModelConfig) -> int:
+  """The backbone's total stride: the 7x7/2 conv, the max pool and the stride-2 layers."""
+  return 2 ** len(model.backbone_blocks)
+
+
+def spatial_rows(cfg, spatial: int) -> int:
+  """Image rows under TF's spatial partitioning: the image's, padded at the bottom (with zeros)
+  to a multiple of spatial x the backbone's stride, so that every backbone level splits into
+  equal slabs (300 -> 304 at spatial=2: 152, 76, 38 rows; 150, 75, 38 real), as Google's v0.7
+  SSD padded its image. The model zeroes each level's rows past the real image's extent and
+  leaves them out of batch norm's statistics, so the result equals the unpadded image's."""
+  unit = spatial * backbone_stride(cfg.model)
+  return -(-cfg.data.image_size // unit) * unit
+
+
+def real_rows(image_size: int, model: ModelConfig) -> list[int]:
+  """The unpadded image's rows at each backbone level: after the 7x7/2 conv, after the max
+  pool, then after each layer (what TF's padded slabs keep; the rest is zeroed)."""
+  rows = [conv_out(image_size, 7, 2, 3)]
+  rows.append(conv_out(rows[-1], 3, 2, 1))
+  n = len(model.backbone_blocks)
+  for i in range(n):
+    rows.append(conv_out(rows[-1], 3, 2, 1) if 0 < i < n - 1 else rows[-1])
+  return rows
 
 
 def missing_data(cfg, data_dir) -> list[str]:
@@ -305,7 +315,6 @@ SPEC = WorkloadSpec(
     batch_layout=batch_layout,
     param_axes=PARAM_AXES,
     missing_data=missing_data,
-    check_framework=check_framework,
     data_dir_contents=("a tensorflow-datasets data dir holding a prepared coco/2017/ (tfds "
                        "build coco/2017 --data_dir DIR) and the backbone's resnet34-333f7ec4.npz"),
 )

@@ -35,15 +35,16 @@ def _padded_conv(lay, pad, filters, kernel, strides, name):
                          kernel_initializer=backbone_init(), name=name, dtype=lay.dtype)
 
 
-def _basic_block(x, filters, strides, project, prefix, lay):
+def _basic_block(x, filters, strides, project, prefix, lay, rows):
+  """rows: the image's own rows at the block's output (None: every row is the image's)."""
   dtype = lay.dtype
   y = _padded_conv(lay, 1, filters, 3, strides, f"{prefix}.conv1")(x)
-  y = layers.ReLU(dtype=dtype)(lay.bn(f"{prefix}.bn1")(y))
+  y = layers.ReLU(dtype=dtype)(lay.bn(f"{prefix}.bn1", real_rows=rows)(y))
   y = _padded_conv(lay, 1, filters, 3, 1, f"{prefix}.conv2")(y)
-  y = lay.bn(f"{prefix}.bn2")(y)
+  y = lay.bn(f"{prefix}.bn2", real_rows=rows)(y)
   if project:
-    x = lay.bn(f"{prefix}.downsample_bn")(_conv(filters, 1, strides, f"{prefix}.downsample_conv",
-                                                 dtype)(x))
+    x = lay.bn(f"{prefix}.downsample_bn", real_rows=rows)(
+        _conv(filters, 1, strides, f"{prefix}.downsample_conv", dtype)(x))
   return layers.ReLU(dtype=dtype)(layers.Add(dtype=dtype)([x, y]))
 
 
@@ -70,21 +71,30 @@ def build(cfg, dtype="float32", runtime=None) -> keras.Model:
   lay = tf_layers.RuntimeLayers(runtime, dtype, bn_momentum=m.bn_momentum, bn_epsilon=1e-5)
   io_dtype = "float64" if dtype == "float64" else "float32"
   spatial = runtime.spatial if runtime is not None else 1
-  inputs = keras.Input((size // spatial, size, 3), dtype=io_dtype)   # this replica's row slab
+  # this replica's row slab; under spatial partitioning the image is padded to rows that split
+  # at every backbone level (spec.spatial_rows), and each level's rows past the image's own
+  # extent are zeroed (the layers' `real`: None where nothing is padded)
+  rows = spec.spatial_rows(cfg, spatial) if spatial > 1 else size
+  real = spec.real_rows(size, m) if rows != size else [None] * (len(m.backbone_blocks) + 2)
+  inputs = keras.Input((rows // spatial, size, 3), dtype=io_dtype)
   x = _padded_conv(lay, 3, m.backbone_width, 7, 2, "conv1")(inputs)
-  x = layers.ReLU(dtype=dtype)(lay.bn("bn1")(x))
+  x = layers.ReLU(dtype=dtype)(lay.bn("bn1", real_rows=real[0])(x))
   # torchvision pads the max pool with -inf; after a ReLU, zero padding gives the same maxima
   x = layers.MaxPooling2D(3, 2, padding="valid", dtype=dtype)(lay.pad(1)(x))
+  if real[1] is not None:
+    x = tf_layers.ImageRows(runtime, real[1], dtype=dtype)(x)
   n_layers, channels = len(m.backbone_blocks), m.backbone_width
   for i, blocks in enumerate(m.backbone_blocks):
     filters = m.backbone_width * 2**i
     for b in range(blocks):
       strides = 2 if b == 0 and 0 < i < n_layers - 1 else 1
       project = b == 0 and (strides != 1 or channels != filters)
-      x = _basic_block(x, filters, strides, project, f"layer{i + 1}_{b}", lay)
+      x = _basic_block(x, filters, strides, project, f"layer{i + 1}_{b}", lay, real[2 + i])
       channels = filters
   if spatial > 1:             # the extra layers' few rows do not split: the whole map on each
     x = tf_layers.SpatialGather(runtime, dtype=dtype)(x)
+    if real[-1] is not None:  # the padding's last rows (56 px at spatial=2: 8 rows, 7 real)
+      x = layers.Cropping2D(((0, x.shape[1] - real[-1]), (0, 0)), dtype=dtype)(x)
   maps = [x]
   for i, (middle, out, stride, pad) in enumerate(spec.extra_layers(m)):
     x = layers.ReLU(dtype=dtype)(_head_conv(x, middle, 1, 1, 0, f"extra{i}_conv1", dtype))

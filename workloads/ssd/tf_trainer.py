@@ -58,9 +58,14 @@ class SsdTrainer(StrategyTrainer):
 
   def __init__(self, cfg, ctx):
     super().__init__(cfg, ctx)
-    spec.check_framework(cfg, "tf")
     self.schedule = spec.schedule_for(cfg, self.train_examples)
     self.dboxes = boxes.default_boxes(**spec.anchor_geometry(cfg))
+    # spatial slabs of an image whose rows do not split at every backbone level (300 px): the
+    # rows padded with zeros at the bottom (tf_model.build zeroes what the layers add there)
+    rows = spec.spatial_rows(cfg, self.runtime.spatial)
+    if self.runtime.spatial > 1 and rows != cfg.data.image_size:
+      pad = [[0, 0], [0, rows - cfg.data.image_size], [0, 0], [0, 0]]
+      self.host_batch_map = lambda batch: {**batch, "image": tf.pad(batch["image"], pad)}
 
   def make_model(self, runtime):
     model = tf_model.build(self.cfg, self.dtype, runtime)
