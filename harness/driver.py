@@ -178,7 +178,7 @@ class Run:
       self._log_init_keys(log)
       with self._interruptible():
         trainer.init()
-      row["flops"] = trainer.describe().train_flops_per_example
+      row["flops"] = trainer.describe(pipeline=False).train_flops_per_example
       self._check_signals()
       log.end(C.INIT_STOP)
       self.run_start = time.time()

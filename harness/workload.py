@@ -95,9 +95,11 @@ class Trainer(Protocol):
     """The quality metric over the whole eval split: {spec.metric.name: float, 'count': int}
     (three phases in the base trainers: device eval_step, host accumulate, finalize)."""
 
-  def describe(self) -> "Description":
+  def describe(self, pipeline: bool = True) -> "Description":
     """The model and its step as compiled (or traced) on this layout; may be called before init
-    (it builds what it needs)."""
+    (it builds what it needs). pipeline=False leaves out GPipe's figures, whose activation
+    bytes take the step compiled (or traced) the other way of re-materialization too: the
+    driver reads only the FLOPs (a pipelined JAX run's init compiled its step twice)."""
 
 
 @dataclasses.dataclass

@@ -37,7 +37,7 @@ class ScriptedTrainer:
     self.evals += 1
     return {self.metric: self.accuracies[self.evals - 1], "count": 100}
 
-  def describe(self):
+  def describe(self, pipeline=True):  # pylint: disable=unused-argument
     return Description(parameters=1, parameter_bytes_per_device=4,
                        optimizer_state_bytes_per_device=0, train_flops_per_example=1.0)
 

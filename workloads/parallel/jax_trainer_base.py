@@ -410,7 +410,7 @@ class MeshTrainer:
       flops = None
     return float("nan") if flops is None else flops * self.num_devices
 
-  def describe(self):
+  def describe(self, pipeline=True):
     """The compiled step's cost analysis, HLO and memory analysis, and the layout: bytes per
     device of the parameters and optimizer state (read from the state's shards, or from shapes
     on an abstract mesh), which parameters the model axis splits and which stay whole. Before
@@ -434,7 +434,7 @@ class MeshTrainer:
     if rt.abstract:
       info.flops_missing = "not compiled (the mesh has more devices than this machine)"
       return info
-    if self.stage_cut:
+    if self.stage_cut and pipeline:
       info.pipeline = self._describe_pipeline()
     info.train_flops_per_example = (self._train_step_flops()
                                     / self.cfg.train.global_batch_size)

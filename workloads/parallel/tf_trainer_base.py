@@ -417,7 +417,7 @@ class StrategyTrainer:
         permute_bytes_per_step=2 * self.shifted_bytes // n,
         shift_source="cross-device copies of micro-batches, mean per device")
 
-  def describe(self):
+  def describe(self, pipeline=True):
     """Works before init: one replica needs only the built model and the traced (not compiled
     or run) step; several need the traced loop, whose collectives it counts."""
     if not hasattr(self, "model"):
@@ -444,7 +444,7 @@ class StrategyTrainer:
       info.train_flops_per_example = graph_flops(self._step, specs) / gbs
       info.model_flops_per_example = model_flops(
           self._step.get_concrete_function(specs).graph) / gbs
-    if self.stage_cut:
+    if self.stage_cut and pipeline:
       info.pipeline = self._describe_pipeline()
     if self.runtime.collective_calls:     # counted while tracing, once per replica
       n = self.runtime.num_replicas
