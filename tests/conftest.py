@@ -45,6 +45,16 @@ OWN_JAX_CACHE = None
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
   OWN_JAX_CACHE = os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(
       prefix="harness-tests-jax-cache-")
+# The generated mini datasets' cache (workloads/common/mini_cache.py: ~/.cache by default),
+# one per test session like JAX's: the runs and tests of every worker that need the same set
+# generate it once (the Transformer's and BERT's mini sets take ~6 s of CPU each), and a
+# test session writes nothing under the user's home. Written whole then renamed into place,
+# so workers preparing the same set at once are safe.
+OWN_DATA_CACHE = None
+if "HARNESS_TEST_CACHE_HOME" not in os.environ:
+  OWN_DATA_CACHE = os.environ["HARNESS_TEST_CACHE_HOME"] = tempfile.mkdtemp(
+      prefix="harness-tests-cache-")
+os.environ["XDG_CACHE_HOME"] = os.environ["HARNESS_TEST_CACHE_HOME"]
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 from tests import fork_server  # noqa: E402  pylint: disable=wrong-import-position
 # The fork servers' folder, made by the controller too: its workers share the servers.
@@ -98,12 +108,13 @@ def cli():
 
 def run_to_target(cli, tmp_path, framework, workload, devices, layout, target, *extra):
   """`run WORKLOAD` on a layout to its mini target: success, the layout in the row, a log the
-  official checker passes (the model-parallel end-to-end files)."""
+  official checker passes (the model-parallel end-to-end files). The mini set is the session's
+  (no --data-dir: the cache above)."""
   import pandas as pd  # pylint: disable=import-outside-toplevel
   results_csv = tmp_path / "results.csv"
   proc = cli("run", workload, "--framework", framework, "--seed", "0", "--cpu-devices", devices,
              "--mesh", layout, "--results", str(results_csv), "--log-dir",
-             str(tmp_path / "logs"), "--data-dir", str(tmp_path / "data"), *extra)
+             str(tmp_path / "logs"), *extra)
   assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
   row = pd.read_csv(results_csv).iloc[0]
   assert row["status"] == "success" and row["mesh"] == layout
@@ -216,7 +227,6 @@ LONG_FILES = (
     "tests/efficientnet/test_efficientnet_end_to_end.py",
     "tests/ssd/test_ssd_end_to_end.py",
     "tests/parallel/test_tf_moe.py",
-    "tests/parallel/test_tf_model_parallel_end_to_end.py",
     "tests/test_contract.py",
     "tests/parallel/test_moe_end_to_end.py",
     "tests/parallel/test_jax_moe.py",
@@ -353,7 +363,7 @@ def pytest_terminal_summary(terminalreporter):
 def pytest_sessionfinish(session, exitstatus):
   session.config.harness_exitstatus = int(exitstatus)
   if not hasattr(session.config, "workerinput"):            # the controller's: end the servers
-    for own in (OWN_JAX_CACHE, OWN_FORK_SERVERS):
+    for own in (OWN_JAX_CACHE, OWN_DATA_CACHE, OWN_FORK_SERVERS):
       if own:
         shutil.rmtree(own, ignore_errors=True)
 

@@ -2,8 +2,11 @@
 Transformer's formulas. The JAX model-parallel mini run to its target (the driver, the
 beam-search eval on weights split on `model`, the row and a checker-clean log) is the 3-D run
 of test_pipeline_end_to_end.py (data=2,stage=2,model=2: the same eval and model layouts, with
-stages), which replaced the data=2,model=2 run here (33 CPU s); TF's is
-test_tf_model_parallel_end_to_end.py."""
+stages), which replaced the data=2,model=2 run here (33 CPU s). TF's model axis is its float64
+equality tests' (test_tf_model_parallel.py: the step, the beam-search eval, BERT's LAMB;
+test_tf_distributed.py: across two processes): its mini run to target on data=1,model=2 (45
+CPU s: the same trainer and eval through the driver, whose row and log every other run
+checks) was cut for suite time; docs/distribution.md gives its figures."""
 import json
 
 import pytest

@@ -119,35 +119,3 @@ def test_mini_on_4_devices_grouped_bn_weight_update_sharding(cli, tmp_path):
   span = next(e for e in _log_events(row["log_path"]) if e["key"] == "model_bn_span")
   assert span["value"] == 2 * 64 // 4                  # group of 2 replicas x 16 examples
   assert cli("check", row["log_path"]).returncode == 0
-
-
-def test_run_benchmark_launched_once_per_process(tmp_path):
-  """Two processes of 2 devices each on 127.0.0.1, as the README shows: process 0 alone writes
-  the log and the row, and the run equals one process over 4 devices started beside them (the
-  tiny preset, to its epoch budget: the launch is under test here, the training of the whole
-  mini run in tests/parallel/test_jax_distributed.py)."""
-  from tests.conftest import free_port, start_cli
-  port = free_port()
-  common = ("run", "resnet50", "--preset", "tiny", "--seed", "0")
-  procs = [start_cli(*common, "--cpu-devices", "2", "--coordinator", f"127.0.0.1:{port}",
-                     "--num-processes", "2", "--process-id", str(i),
-                     "--results", str(tmp_path / "r.csv"), "--log-dir", str(tmp_path / f"logs{i}"),
-                     few_steps=True)
-           for i in range(2)]
-  procs.append(start_cli(*common, "--cpu-devices", "4", "--results", str(tmp_path / "one.csv"),
-                         "--log-dir", str(tmp_path / "one_logs"), few_steps=True))
-  outs = [p.communicate(timeout=300)[0] for p in procs]
-  assert [p.returncode for p in procs] == [1, 1, 1], outs    # tiny: the budget, not the target
-  frame, one = pd.read_csv(tmp_path / "r.csv"), pd.read_csv(tmp_path / "one.csv")
-  assert len(frame) == 1 and frame.iloc[0]["num_devices"] == one.iloc[0]["num_devices"] == 4
-  assert frame.iloc[0]["status"] == one.iloc[0]["status"] == "aborted"
-  assert frame.iloc[0]["final_metric"] == pytest.approx(one.iloc[0]["final_metric"])
-  assert not (tmp_path / "logs1").exists()
-  log = frame.iloc[0]["log_path"]
-  assert compliance.check(log)[0]
-  multi_evals = [(e["metadata"]["epoch_num"], e["value"]) for e in _log_events(log)
-                 if e["key"] == "eval_accuracy"]
-  one_evals = [(e["metadata"]["epoch_num"], e["value"])
-               for e in _log_events(one.iloc[0]["log_path"]) if e["key"] == "eval_accuracy"]
-  assert [epoch for epoch, _ in multi_evals] == [epoch for epoch, _ in one_evals] == [1, 2]
-  assert [value for _, value in multi_evals] == pytest.approx([value for _, value in one_evals])

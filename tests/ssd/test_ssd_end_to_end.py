@@ -3,7 +3,7 @@
 success, and the log carries every key closed_ssd.yaml (ruleset 1.0.0) asks for and passes the
 official checker. The TF run is spatially partitioned (data=1,spatial=2 on 2 devices: the row
 slabs, the halo exchange and the gathered heads through the driver); it was a second TF run
-of its own (tests/parallel/test_tf_model_parallel_end_to_end.py), 52 CPU s beside this one's 47."""
+of its own, 52 CPU s beside this one's 47."""
 import json
 
 import pandas as pd
