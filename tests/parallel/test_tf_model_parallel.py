@@ -55,6 +55,9 @@ def whole_weights(trainer):
           for path, var in tf_layers.params_by_path(trainer.model).items()}
 
 
+_TRACED = {}      # id(trainer) -> (trainer, its traced gradient function)
+
+
 def summed_gradients(trainer):
   """Every weight's gradient as the train step reduces it (a shard's over its data peers),
   assembled whole on the host from the replicas."""
@@ -68,8 +71,11 @@ def summed_gradients(trainer):
     whole = [g / rt.model for g in rt.all_sum(grads[:n])] if rt.distributed else grads[:n]
     return whole + [rt.data_sum(g) for g in grads[n:]]
 
-  iterator = trainer._distributed(lambda i, n: batch, 8)   # pylint: disable=protected-access
-  grads = tf.function(lambda: trainer.strategy.run(replica, args=(next(iterator),)))()
+  if id(trainer) not in _TRACED:          # traced once a trainer: it reads the variables
+    iterator = trainer._distributed(lambda i, n: batch, 8)   # pylint: disable=protected-access
+    _TRACED[id(trainer)] = trainer, tf.function(
+        lambda: trainer.strategy.run(replica, args=(next(iterator),)))
+  grads = _TRACED[id(trainer)][1]()       # the same synthetic batch every call
   local = lambda g: trainer.strategy.experimental_local_results(g)
   out = {}
   for var, grad in zip(trainer.model.trainable_variables, grads):
