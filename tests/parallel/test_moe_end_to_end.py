@@ -1,26 +1,14 @@
-"""ST-MoE mini runs through the command line, as a user starts them: `run transformer
---preset moe_mini --cpu-devices 4 --mesh data=2,expert=2` reaches its BLEU target (JAX) with a
-log the official checker passes, and the progress lines carry the router's
-figures; describe prints the expert figures, and its all-to-all bytes are the compiled
-step's."""
+"""ST-MoE through the command line: `describe transformer --preset moe_mini --cpu-devices 4
+--mesh data=2,expert=2` prints the expert figures, and its all-to-all bytes are the compiled
+step's. (The moe_mini run to its BLEU target on that mesh, 34 CPU s, was cut for suite time:
+its step is the float64 equality tests' in both frameworks (test_jax_moe.py, test_tf_moe.py,
+the router's counts and figures included), the progress line's router part is
+test_moe_router.py's, and the run's figures are in docs/distribution.md.)"""
 import re
 
 import pytest
 
-from tests.conftest import run_to_target
-
 pytestmark = pytest.mark.slow
-
-
-# JAX's run (TF's expert layers: the float64 equality of test_tf_moe.py on data x expert, the
-# router's figures included; its run here, 48 CPU s, showed what the JAX run and the TF
-# Transformer's own end-to-end run do)
-def test_moe_mini_reaches_target_on_data_x_expert(cli, tmp_path):
-  proc = run_to_target(cli, tmp_path, "jax", "transformer", "4", "data=2,expert=2", 85.0,
-                       "--preset", "moe_mini")
-  lines = [l for l in proc.stdout.splitlines() if "| bleu " in l]
-  assert lines and all(re.search(r"router z [\d.]+ balance [\d.]+ dropped [\d.]+% load "
-                                 r"[\d.]+/[\d.]+/[\d.]+/[\d.]+", l) for l in lines), lines
 
 
 def test_describe_prints_the_expert_figures_and_the_all_to_all_bytes_of_the_step(cli):

@@ -160,3 +160,13 @@ def test_router_logits_stay_float32_under_bfloat16_compute():
   jaxpr = str(jax.make_jaxpr(lambda p: layer.apply(p, x, real, False))(params))
   router = next(line for line in jaxpr.splitlines() if "dot_general" in line)
   assert "f32[2,4,4]" in router.replace(" ", "")      # the first product: the router's logits
+
+
+def test_the_progress_line_reports_the_router_figures_of_a_block():
+  """A block's router figures as the driver prints them (and TensorBoard's scalars): the
+  losses, the dropped share of the tokens and each expert's share of the top-1 load."""
+  line, scalars = moe.report({"z_loss": 1.5, "balance_loss": 1.25, "dropped": 3,
+                              "tokens": 200, "load": [10, 30, 40, 20]})
+  assert line == "router z 1.5 balance 1.25 dropped 1.50% load 0.10/0.30/0.40/0.20"
+  assert scalars["router/dropped_fraction"] == 0.015
+  assert [scalars[f"router/load_expert_{e}"] for e in range(4)] == [0.1, 0.3, 0.4, 0.2]
