@@ -69,9 +69,12 @@ def test_describe_prints_the_cut_the_bubble_and_memory_with_and_without_remat(cl
   """The mini Transformer (2+2 layers, hidden 64, 233 words) on stage=2,data=2, M=4: the
   encoder on stage 0, the decoder on stage 1 (each with the shared embedding: it embeds on
   both and the logits read it on the last); bubble 1/5; the encoder output (8 rows x 24 x 64
-  float32 a micro-batch) shifted forward and its gradient back in each of 5 iterations."""
+  float32 a micro-batch) shifted forward and its gradient back in each of 5 iterations.
+  With the few-step switches (describe compiles the step both ways of remat and runs neither:
+  44 -> 32 CPU s); the activation figures then are the unoptimized programs', whose order is
+  what is asserted."""
   proc = cli("describe", "transformer", "--cpu-devices", "4", "--mesh", "stage=2,data=2",
-             "--set", "parallel.microbatches=4")
+             "--set", "parallel.microbatches=4", few_steps=True)
   assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
   out = proc.stdout
   assert "2 stages x 4 micro-batches, 5 iterations a step, bubble (K-1)/(M+K-1) = 0.2000" in out
