@@ -72,26 +72,33 @@ def pytest_configure(config):
   tf_runtime.use_logical_cpus(8)
 
 
-def clean_env(few_steps=False):
+def clean_env(few_steps=False, loop_emitters=False):
   """The environment a user's shell has: without the 8-device flag and the few-step switch
   the tests set (few_steps: with the switch, for the multi-process test scripts and the
-  command-line runs of a few steps)."""
-  env = dict(os.environ, XLA_FLAGS=USER_XLA_FLAGS + (FEW_STEP_XLA_FLAGS if few_steps else ""))
+  command-line runs of a few steps). loop_emitters: XLA:CPU's older loop emitters alone (the
+  XLA flag above, not JAX's switch), for a convolutional net's run to its target, whose
+  compile is most of its CPU and whose steps run as fast with them (EfficientNet's mini run
+  38.5 -> 26.0 s of CPU, ResNet's 19.5 -> 14.1); a Transformer's steps run slower with them
+  (BERT's mini run 33 -> 39), so those runs keep the default."""
+  emitters = few_steps or loop_emitters
+  env = dict(os.environ, XLA_FLAGS=USER_XLA_FLAGS + (FEW_STEP_XLA_FLAGS if emitters else ""))
   if not few_steps:
     for key in FEW_STEP_ENV:
       env.pop(key, None)
   return env
 
 
-def run_cli(*args, cwd=None, timeout=600, few_steps=False, env=None):
+def run_cli(*args, cwd=None, timeout=600, few_steps=False, loop_emitters=False, env=None):
   """Runs `python run_benchmark.py ARGS` in a new process, as a user would, forked from a server
   that has imported the third-party libraries (tests/fork_server.py: ~8 s of CPU less per run;
   one server per environment for the whole session).
   few_steps: with the few-step switches, for a run that stops after a few steps (its compile
   is most of its cost: EfficientNet's 16-step large-batch run 64 -> 31 s of CPU); a run to the
-  target keeps the user's defaults. env: variables added to the user's environment."""
+  target keeps the user's defaults (loop_emitters: clean_env's). env: variables added to the
+  user's environment."""
   return fork_server.run([os.path.join(ROOT, "run_benchmark.py"), *args], cwd or ROOT,
-                         {**clean_env(few_steps), **(env or {})}, timeout=timeout)
+                         {**clean_env(few_steps, loop_emitters), **(env or {})},
+                         timeout=timeout)
 
 
 def start_cli(*args, few_steps=False, env=None):

@@ -174,14 +174,16 @@ def start(argv, cwd, env, merge_stderr=False):
 
 
 UNREAD_AT_IMPORT = ("PYTEST_", "SLURM_", "TF_CONFIG", "JOB_COMPLETION_INDEX",
-                    "HARNESS_NUM_PROCESSES", "JAX_COORDINATOR_ADDRESS")
+                    "HARNESS_NUM_PROCESSES", "JAX_COORDINATOR_ADDRESS", "XLA_FLAGS")
 
 
 def _socket_path(env):
   # pytest's own variables (PYTEST_CURRENT_TEST changes with every test, PYTEST_XDIST_WORKER
   # with the worker) are read by nobody at import time, nor are a cluster's (SLURM_*,
   # TF_CONFIG, ...: harness/cluster.py reads them when a run starts): the child gets them, the
-  # key leaves them out
+  # key leaves them out. XLA_FLAGS likewise: jaxlib's XLA and TensorFlow's each parse it at
+  # their first compile (a flag set after `import jax, tensorflow` is read, an unknown one
+  # refused), so runs that differ in it alone share a server.
   key = sorted((k, v) for k, v in env.items() if not k.startswith(UNREAD_AT_IMPORT))
   name = hashlib.sha256(json.dumps(key).encode()).hexdigest()[:16]
   return os.path.join(os.environ[SESSION_DIR_VAR], f"{name}.socket")

@@ -40,6 +40,32 @@ def test_a_forked_run_sees_what_a_fresh_process_does(tmp_path):
   assert seen["env"] == env and seen["stdin"] == "" and seen["jax_backends"] == 0
 
 
+_FIRST_COMPILE = r"""
+import sys
+if sys.argv[1] == "jax":
+  import jax.numpy as jnp
+  jnp.ones(2).block_until_ready()
+else:
+  import tensorflow as tf
+  tf.function(lambda x: x + 1, jit_compile=True, autograph=False)(tf.ones(2))
+"""
+
+
+@pytest.mark.parametrize("framework", ["jax", "tf"])
+def test_xla_reads_the_runs_own_xla_flags(tmp_path, framework):
+  """The server keys its environment without XLA_FLAGS: a run's own flags, set after the
+  server imported jax and tensorflow, reach XLA at its first compile (an unknown one is
+  refused there), so runs that differ in them alone can share a server."""
+  script = tmp_path / "first_compile.py"
+  script.write_text(_FIRST_COMPILE)
+  env = clean_env()
+  fine = fork_server.run([str(script), framework], tmp_path, env)
+  assert fine.returncode == 0, fine.stderr[-2000:]
+  bad = fork_server.run([str(script), framework], tmp_path,
+                        dict(env, XLA_FLAGS=env["XLA_FLAGS"] + " --no_such_xla_flag_here"))
+  assert bad.returncode != 0 and "Unknown flag in XLA_FLAGS: --no_such_xla_flag_here" in bad.stderr
+
+
 def test_a_timeout_kills_the_forked_run(tmp_path):
   script = tmp_path / "sleeper.py"
   script.write_text("import time\nprint('started', flush=True)\ntime.sleep(600)\n")
@@ -74,9 +100,13 @@ def test_every_process_of_the_session_uses_one_server_per_environment(tmp_path):
   other_process = subprocess.run([sys.executable, "-c", asks], cwd=ROOT, env=worker_env,
                                  capture_output=True, text=True)
   other_env = fork_server.run([str(script)], tmp_path, clean_env(few_steps=True))
+  # XLA_FLAGS alone differs: XLA reads it at its first compile, in the child
+  emitters = fork_server.run([str(script)], tmp_path, clean_env(loop_emitters=True))
   assert other_process.returncode == 0, other_process.stderr[-3000:]
-  assert here.returncode == other_env.returncode == 0, here.stderr + other_env.stderr
+  assert here.returncode == other_env.returncode == emitters.returncode == 0, (
+      here.stderr + other_env.stderr + emitters.stderr)
   assert int(here.stdout) == int(other_process.stdout) != int(other_env.stdout)
+  assert int(emitters.stdout) == int(here.stdout)
 
 
 def test_start_claims_a_new_session_when_the_inherited_one_is_gone(tmp_path, monkeypatch):

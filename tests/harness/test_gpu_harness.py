@@ -18,8 +18,8 @@ def test_one_command_runs_the_harness_and_the_bare_step(tmp_path):
       [sys.executable, "bench/gpu_harness.py", "--workloads", "resnet50", "--preset", "tiny",
        "--set", "data.source=synthetic", "--steps", "3", "--batch", "resnet50=4",
        "--out", str(out), "--profile", str(tmp_path / "profile.txt"),
-       "--variant", "resnet50:parallel.remat_policy=full"], cwd=ROOT,
-      env=clean_env(), capture_output=True, text=True, timeout=600)
+       "--variant", "resnet50:parallel.remat_policy=full"], cwd=ROOT,   # 3 steps: few-step XLA
+      env=clean_env(few_steps=True), capture_output=True, text=True, timeout=600)
   assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
   with open(out, newline="") as f:
     row, variant = list(csv.DictReader(f))
@@ -75,7 +75,8 @@ def test_nan_probe_names_the_first_non_finite_leaves_and_the_op(tmp_path):
   proc = subprocess.run(
       [sys.executable, "bench/nan_probe.py", "resnet50", "--preset", "tiny", "--steps", "6",
        "--set", "data.source=synthetic", "--set", "optimizer.base_learning_rate=1e30"],
-      cwd=ROOT, env=clean_env(), capture_output=True, text=True, timeout=600)
+      cwd=ROOT, env=clean_env(few_steps=True),        # 6 steps and a re-run: few-step XLA
+      capture_output=True, text=True, timeout=600)
   out = proc.stdout
   assert proc.returncode == 1, out + proc.stderr[-3000:]
   assert out.splitlines()[0].startswith("resnet50 (tiny, float32) on ")

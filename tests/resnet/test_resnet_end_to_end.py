@@ -18,7 +18,7 @@ def _log_events(path):
 def test_mini_resnet_jax_reaches_target_and_log_passes_the_official_checker(cli, tmp_path):
   results_csv, logs = tmp_path / "results.csv", tmp_path / "logs"
   proc = cli("run", "resnet50", "--seed", "0", "--results", str(results_csv),
-             "--log-dir", str(logs))
+             "--log-dir", str(logs), loop_emitters=True)      # tests/conftest.py: a conv net
   assert proc.returncode == 0, proc.stdout + proc.stderr
   assert "samples/s" in proc.stdout and "elapsed" in proc.stdout      # a progress line per block
   row = pd.read_csv(results_csv).iloc[0]
@@ -49,7 +49,7 @@ def test_mini_resnet_jax_reaches_target_and_log_passes_the_official_checker(cli,
 def test_mini_resnet_tf_reaches_target_and_log_passes_the_official_checker(cli, tmp_path):
   results_csv = tmp_path / "results.csv"
   proc = cli("run", "resnet50", "--framework", "tf", "--seed", "0", "--results",
-             str(results_csv), "--log-dir", str(tmp_path / "logs"))
+             str(results_csv), "--log-dir", str(tmp_path / "logs"), loop_emitters=True)
   assert proc.returncode == 0, proc.stdout + proc.stderr
   row = pd.read_csv(results_csv).iloc[0]
   assert row["status"] == "success" and row["framework"] == "tf"
@@ -90,7 +90,7 @@ def test_a_nonfinite_loss_aborts(cli, tmp_path):
 @pytest.mark.parametrize("framework, image_size", [("jax", 128), ("tf", 224)])
 def test_describe_reference_resnet50(cli, framework, image_size):
   proc = cli("describe", "resnet50", "--preset", "reference", "--framework", framework,
-             "--set", f"data.image_size={image_size}")
+             "--set", f"data.image_size={image_size}", few_steps=True)   # compiles, runs none
   assert proc.returncode == 0, proc.stderr
   assert "25,557,032" in proc.stdout                   # the parameter count is size-free
   flops = float(proc.stdout.split("train FLOPs per example:")[1].split()[0])
@@ -112,7 +112,7 @@ def test_mini_on_4_devices_grouped_bn_weight_update_sharding(cli, tmp_path):
   results_csv = tmp_path / "results.csv"
   proc = cli("run", "resnet50", "--seed", "0", "--cpu-devices", "4", "--mesh", "data=4",
              "--bn-group-size", "2", "--weight-update-sharding", "--results", str(results_csv),
-             "--log-dir", str(tmp_path / "logs"))
+             "--log-dir", str(tmp_path / "logs"), loop_emitters=True)
   assert proc.returncode == 0, proc.stdout + proc.stderr
   row = pd.read_csv(results_csv).iloc[0]
   assert row["status"] == "success" and row["num_devices"] == 4 and row["mesh"] == "data=4"
