@@ -8,7 +8,7 @@ import numpy as np
 import optax
 import pytest
 
-from harness import config
+from harness import config, mesh
 from harness.workload import RunContext
 from tests.conftest import run_workers, start_dying_run
 from workloads.parallel import jax_runtime
@@ -156,6 +156,21 @@ def test_lamb_trust_ratio_is_over_whole_layers_under_weight_update_sharding():
       params, grads)
   assert_params_close(with_sharding, plain)
   assert runtime.update_sharding((64, 24)).spec[0] == jax_runtime.DATA
+
+
+def test_collectives_by_axis_names_the_axes_a_group_spans_and_leaves_out_single_devices():
+  """describe's collectives from the HLO's replica groups on data=2,model=4 (device d*4 + m):
+  a group across data is 'data'; '{}' is one group of every device; single-device groups (an
+  axis of size 1: XLA keeps the op, no byte moves) are not listed."""
+  runtime = jax_runtime.MeshRuntime(mesh.ParallelConfig(mesh="data=2,model=4"))
+  hlo = "\n".join([
+      "  %a = f32[4,8]{1,0} all-reduce(f32[4,8]{1,0} %x), replica_groups={{0,4},{1,5},{2,6},"
+      "{3,7}}, to_apply=%add",
+      "  %b = f32[16]{0} all-reduce(f32[16]{0} %y), replica_groups={{0},{1},{2},{3},{4},{5},"
+      "{6},{7}}, to_apply=%add",
+      "  %c = f32[8]{0} all-gather(f32[1]{0} %z), replica_groups={}, dimensions={0}"])
+  assert runtime.collectives_by_axis(hlo) == {("all-reduce", "data"): [1, 1, 128],
+                                              ("all-gather", "data+model"): [1, 1, 32]}
 
 
 def test_grouped_bn_equals_a_hand_computed_reference(single_trainer):

@@ -240,19 +240,25 @@ class MeshRuntime:
 
   def collectives_by_axis(self, hlo_text):
     """{(kind, axes): [ops, tensors, bytes]} over a compiled program's collectives: `axes`
-    names the mesh axes its replica groups span ('model', 'data', 'data+model', or 'none'),
-    `tensors` counts operands (XLA's combiner merges several into one op), bytes are the
-    results' (per device, per step)."""
+    names the mesh axes its replica groups span ('model', 'data', 'data+model'), `tensors`
+    counts operands (XLA's combiner merges several into one op), bytes are the results' (per
+    device, per step). An op whose groups are single devices is left out: XLA keeps such an
+    all-reduce over an axis of size 1 (the stage-owned rows' gradient at data=1), and no
+    byte moves."""
     sizes = [self.mesh.shape[a] for a in MESH_AXES]
     out = collections.defaultdict(lambda: [0, 0, 0])
     for kind, result, groups in _collective_ops(hlo_text):
+      if not groups:                       # replica_groups={}: one group of every device
+        groups = [list(range(math.prod(sizes)))]
+      if all(len(group) < 2 for group in groups):
+        continue
       spans = set()
       for group in groups:
         coords = np.array(np.unravel_index(np.asarray(group), sizes)).T
         spans |= {MESH_AXES[i] for i in range(len(sizes)) if len(set(coords[:, i])) > 1}
       named = [axis for axis, phys in PHYSICAL.items()
                if spans & set(phys if isinstance(phys, tuple) else (phys,))]
-      entry = out[(kind, "+".join(named) or "none")]
+      entry = out[(kind, "+".join(named))]
       entry[0] += 1
       entry[1] += max(1, len(re.findall(r"[a-z]+\d*\[[\d,]*\]", result)))
       entry[2] += _bytes_of(result)
