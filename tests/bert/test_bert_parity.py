@@ -180,10 +180,11 @@ def test_padded_positions_do_not_change_unpadded_outputs(models):
                          np.asarray(jax_apply(flax_model, params, batch)[0][2]))
 
 
-def _jax_loss_and_grads(flax_model, params, batch):
-  def loss_fn(p):
+def _jax_value_and_grad(flax_model):
+  """(params, batch) -> (loss, grads): one compiled program, not op by op."""
+  def loss_fn(p, batch):
     return jax_model.pretraining_loss(*jax_apply(flax_model, p, batch), batch)
-  return jax.value_and_grad(loss_fn)(params)
+  return jax.jit(jax.value_and_grad(loss_fn))
 
 
 def _tf_loss_and_grads(keras_model, batch):
@@ -198,7 +199,7 @@ def _get(tree, path):
 
 def test_loss_and_gradients_agree(models):
   flax_model, params, keras_model, batch = models
-  jax_loss, jax_grads = _jax_loss_and_grads(flax_model, params, batch)
+  jax_loss, jax_grads = _jax_value_and_grad(flax_model)(params, batch)
   tf_loss, tf_grads = _tf_loss_and_grads(keras_model, batch)
   assert rel_err(tf_loss, jax_loss) < TOL
   by_var = {id(v): g for v, g in zip(keras_model.trainable_variables, tf_grads)}
@@ -227,8 +228,9 @@ def test_lamb_training_steps_agree(models):
   optimizer = tf_optimizers.make_lamb(lamb, schedule, tf_model.lamb_excluded_variables(keras_model),
                                       dtype="float64")
   state = tx.init(params)
+  value_and_grad = _jax_value_and_grad(flax_model)
   for _ in range(3):
-    _, grads = _jax_loss_and_grads(flax_model, params, batch)
+    _, grads = value_and_grad(params, batch)
     updates, state = tx.update(grads, state, params)
     params = optax.apply_updates(params, updates)
     _, tf_grads = _tf_loss_and_grads(keras_model, batch)

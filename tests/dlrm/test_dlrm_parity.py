@@ -48,8 +48,9 @@ def setup():
 def jax_steps(cfg, model, params, batch, steps=2):
   tx = jax_optimizers.make_adagrad(cfg.optimizer, spec.schedule_for(cfg))
   state = tx.init(params)
+  grad = jax.jit(jax.grad(lambda p: jax_trainer.loss_fn(model.apply, p, batch)))
   for _ in range(steps):
-    grads = jax.grad(lambda p: jax_trainer.loss_fn(model.apply, p, batch))(params)
+    grads = grad(params)
     updates, state = tx.update(grads, state, params)
     params = jax.tree.map(jnp.add, params, updates)
   return params

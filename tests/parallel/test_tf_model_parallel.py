@@ -241,7 +241,7 @@ def test_tf_model_parallel_equals_jax_on_the_same_weights():
                           flax_model.init(jax.random.key(3), ids, ids)["params"])
     loss_fn = lambda p: jax_trainer.loss_fn(p, flax_model.apply, batch,
                                             cfg.optimizer.label_smoothing)[0]
-    jax_loss, jax_grads = jax.value_and_grad(loss_fn)(params)
+    jax_loss, jax_grads = jax.jit(jax.value_and_grad(loss_fn))(params)
     jax_grads = jax.tree.map(np.asarray, jax_grads)
   tf_layers.load_flax_variables(trainer.model, {"params": jax.tree.map(np.asarray, params)})
   rt = trainer.runtime

@@ -132,9 +132,9 @@ def test_keras_equals_flax_on_the_same_weights(both_models):
   """Training mode (capacity factor 1.25: 4 tokens a group here, so some are dropped) with the
   router losses in the loss: the same loss and gradients in both frameworks."""
   flax_model, params, keras_model, batch = both_models
-  (jax_loss, (_, router)), jax_grads = jax.value_and_grad(
+  (jax_loss, (_, router)), jax_grads = jax.jit(jax.value_and_grad(
       lambda p: jax_trainer.loss_fn(p, flax_model.apply, batch, 0.1, jax.random.key(0)),
-      has_aux=True)(params)
+      has_aux=True))(params)
   assert float(router["dropped"]) > 0
   with tf.GradientTape() as tape:
     tf_loss = tf_trainer.replica_loss(keras_model, batch, 0.1, training=True)

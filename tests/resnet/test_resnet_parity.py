@@ -118,12 +118,13 @@ def test_train_mode_logits_and_batch_statistics_agree(models):
   assert rel_err(layer.moving_variance.numpy(), new_stats["var"]) < TOL
 
 
-def _jax_loss_and_grads(flax_model, variables, batch):
-  def loss_fn(params):
-    logits, _ = flax_model.apply({"params": params, "batch_stats": variables["batch_stats"]},
+def _jax_value_and_grad(flax_model):
+  """(params, batch_stats, batch) -> (loss, grads): one compiled program, not op by op."""
+  def loss_fn(params, batch_stats, batch):
+    logits, _ = flax_model.apply({"params": params, "batch_stats": batch_stats},
                                  batch["image"], train=True, mutable=["batch_stats"])
     return jax_top1.cross_entropy(logits, batch["label"], CLASSES, 0.1)
-  return jax.value_and_grad(loss_fn)(variables["params"])
+  return jax.jit(jax.value_and_grad(loss_fn))
 
 
 def _tf_loss_and_grads(keras_model, batch):
@@ -144,7 +145,8 @@ def test_loss_and_gradients_agree(models):
   flax_model, variables, keras_model, batch = models
   clone = keras64()
   tf_layers.load_flax_variables(clone, variables)
-  jax_loss, jax_grads = _jax_loss_and_grads(flax_model, variables, batch)
+  jax_loss, jax_grads = _jax_value_and_grad(flax_model)(variables["params"],
+                                                        variables["batch_stats"], batch)
   tf_loss, tf_grads = _tf_loss_and_grads(clone, batch)
   assert rel_err(tf_loss, jax_loss) < TOL
   paths = {id(v): p for p, v in tf_layers.params_by_path(clone).items()}
@@ -173,8 +175,9 @@ def test_optimizer_steps_agree(models, name):
                                            tf_model.decayed_variables(keras_model),
                                            keras_model.trainable_variables, dtype="float64")
   paths = {id(v): p for p, v in tf_layers.params_by_path(keras_model).items()}
+  value_and_grad = _jax_value_and_grad(flax_model)
   for _ in range(2):                                  # two steps: momentum and lr both move
-    _, grads = _jax_loss_and_grads(flax_model, {**variables, "params": params}, batch)
+    _, grads = value_and_grad(params, variables["batch_stats"], batch)
     updates, opt_state = tx.update(grads, opt_state, params)
     params = optax.apply_updates(params, updates)
     _, tf_grads = _tf_loss_and_grads(keras_model, batch)
