@@ -323,24 +323,25 @@ def test_resnet_two_pipelined_steps_equal_two_micro_batched_steps():
   one, batch = resnet_batch()
   piped = resnet("stage=4,data=1", 4, remat=True, compiled=True)
   state, piped_batch = one.state, piped.synthetic_batch()   # float32 images: the same values
+  model = one.model.clone(bn_axis_name=None)
+
+  @jax.jit                                 # one program for both steps, the update included
+  def reference_step(state):
+    def loss_fn(p):
+      total, new = 0.0, []
+      for j in range(4):
+        logits, upd = model.apply({"params": p, "batch_stats": state.batch_stats},
+                                  batch["image"][4 * j:4 * j + 4], True,
+                                  mutable=["batch_stats"])
+        total += jax_top1.cross_entropy(logits, batch["label"][4 * j:4 * j + 4], 10, 0.1) * 4
+        new.append(upd["batch_stats"])
+      return total / 16, jax.tree.map(lambda *s: sum(s) / 4, *new)
+    (_, stats), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+    return state.apply_gradients(grads=grads, batch_stats=stats)
+
   for _ in range(2):
     piped.state, _ = piped._train_step(piped.state, piped_batch)  # pylint: disable=protected-access
-    model = one.model.clone(bn_axis_name=None)
-
-    def reference(params, stats):
-      def loss_fn(p):
-        total, new = 0.0, []
-        for j in range(4):
-          logits, upd = model.apply({"params": p, "batch_stats": stats},
-                                    batch["image"][4 * j:4 * j + 4], True,
-                                    mutable=["batch_stats"])
-          total += jax_top1.cross_entropy(logits, batch["label"][4 * j:4 * j + 4],
-                                                10, 0.1) * 4
-          new.append(upd["batch_stats"])
-        return total / 16, jax.tree.map(lambda *s: sum(s) / 4, *new)
-      return jax.value_and_grad(loss_fn, has_aux=True)(params)
-    (_, stats), grads = jax.jit(reference)(state.params, state.batch_stats)
-    state = state.apply_gradients(grads=grads, batch_stats=stats)
+    state = reference_step(state)
   # stage-owned: LARS's per-layer trust ratios and exclusions on each stage's own tree
   assert piped.stage_weights is not None
   assert_close(jax.device_get(piped.params_of(piped.state)), jax.device_get(state.params))
