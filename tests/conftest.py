@@ -1,4 +1,5 @@
 import fnmatch
+import gc
 import os
 import resource
 import shutil
@@ -59,6 +60,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 from tests import fork_server  # noqa: E402  pylint: disable=wrong-import-position
 # The fork servers' folder, made by the controller too: its workers share the servers.
 OWN_FORK_SERVERS = fork_server.claim_session()
+gc.set_threshold(*fork_server.GC_THRESHOLDS)    # from the start: collecting imports TF and JAX
 
 
 def pytest_configure(config):
@@ -281,6 +283,13 @@ def file_rank(path: str) -> int:
   kind = next((i for i, pattern in enumerate(SLOW_BY_NAME) if fnmatch.fnmatch(name, pattern)),
               len(SLOW_BY_NAME))
   return len(LONG_FILES) + kind
+
+
+def pytest_collection_finish(session):
+  """The test files are imported (TensorFlow, JAX and the workloads with them): out of the
+  collector's sight from here on (fork_server.settle_collector)."""
+  del session
+  fork_server.settle_collector()
 
 
 def pytest_collection_modifyitems(config, items):

@@ -41,6 +41,24 @@ import subprocess
 import sys
 import tempfile
 
+# The cyclic collector's thresholds in every process the tests run (the xdist workers, this
+# server and its children): tracing a TF or JAX step allocates millions of small objects, and at
+# Python's (700, 10, 10) the collector ran ~3,700 young and ~15 full collections a file, each
+# full one walking every object alive (TensorFlow's and JAX's modules, the traced graphs kept by
+# module fixtures): 6-7% of a TF equality file's CPU (measured with gc.callbacks: 4.7 of 69 s
+# in tests/parallel/test_tf_pipeline.py; 1.2 s at these thresholds, peak memory +3%). Cycles
+# are still collected; only later.
+GC_THRESHOLDS = (20000, 20, 20)
+
+
+def settle_collector():
+  """After the imports: what is alive now (the libraries' modules) leaves the collector's sight
+  for good (gc.freeze), and the collector runs at GC_THRESHOLDS."""
+  gc.collect()
+  gc.freeze()
+  gc.set_threshold(*GC_THRESHOLDS)
+
+
 PRELOAD = ("numpy", "pandas", "yaml", "matplotlib", "tensorflow", "keras", "tensorflow_datasets",
            "jax", "jax.numpy", "flax.linen", "optax", "pycocotools.coco",
            "pycocotools.cocoeval", "mlperf_logging.mllog", "mlperf_logging.compliance_checker")
@@ -53,7 +71,7 @@ def serve(path, owner_pid):
   # Out of the collector's sight: a child's collections and its interpreter's teardown no
   # longer walk (and copy, page by page) the preloaded objects: a forked child's normal exit
   # 1.06 -> 0.26 s of CPU.
-  gc.freeze()
+  settle_collector()
   listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
   listener.bind(path)
   listener.listen(16)
