@@ -308,10 +308,28 @@ def _cpu_seconds():
           + fork_server.children_cpu_seconds())
 
 
+# CPU seconds spent in the cyclic collector (by the thread that collects: it holds the GIL,
+# and the runtimes' own threads may run meanwhile), reported per worker beside its seconds in
+# tests (fork_server.GC_THRESHOLDS says why it matters).
+_COLLECTOR = {"seconds": 0.0, "since": 0.0}
+
+
+def _time_collections(phase, info):
+  del info
+  if phase == "start":
+    _COLLECTOR["since"] = time.thread_time()
+  else:
+    _COLLECTOR["seconds"] += time.thread_time() - _COLLECTOR["since"]
+
+
+gc.callbacks.append(_time_collections)
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
   del nextitem
   item.harness_cpu_start = _cpu_seconds()
+  item.harness_gc_start = _COLLECTOR["seconds"]
   item.harness_wall_start = time.time()
   yield
 
@@ -320,14 +338,16 @@ def pytest_runtest_protocol(item, nextitem):
 def pytest_runtest_makereport(item, call):
   if call.when == "teardown":        # the report copies user_properties: xdist sends them on
     item.user_properties.append(("cpu_s", _cpu_seconds() - item.harness_cpu_start))
+    item.user_properties.append(("gc_s", _COLLECTOR["seconds"] - item.harness_gc_start))
     item.user_properties.append(("wall", (item.harness_wall_start, time.time())))
   yield
 
 
 CPU_BY_TEST = {}
-# (first test's start, last test's end, seconds in tests) per xdist worker: the suite's wall
-# time less the busiest worker's test seconds is start-up (each worker imports and collects
-# every test file) and the tail (one worker idle while the other ends).
+# (first test's start, last test's end, seconds in tests, CPU seconds in the collector) per
+# xdist worker: the suite's wall time less the busiest worker's test seconds is start-up (each
+# worker imports and collects every test file) and the tail (one worker idle while the other
+# ends).
 WORKER_SPANS = {}
 SESSION_START = time.time()         # the controller's import of this file: the session's start
 
@@ -337,9 +357,11 @@ def pytest_runtest_logreport(report):
     CPU_BY_TEST.update({report.nodeid: v for k, v in report.user_properties if k == "cpu_s"})
     worker = getattr(getattr(report, "node", None), "gateway", None)   # xdist's, on the controller
     name = getattr(worker, "id", "main")
+    collector = sum(value for key, value in report.user_properties if key == "gc_s")
     for start, end in (value for key, value in report.user_properties if key == "wall"):
-      first, last, busy = WORKER_SPANS.get(name, (start, end, 0.0))
-      WORKER_SPANS[name] = (min(first, start), max(last, end), busy + end - start)
+      first, last, busy, gc_s = WORKER_SPANS.get(name, (start, end, 0.0, 0.0))
+      WORKER_SPANS[name] = (min(first, start), max(last, end), busy + end - start,
+                            gc_s + collector)
 
 
 def pytest_terminal_summary(terminalreporter):
@@ -366,10 +388,10 @@ def pytest_terminal_summary(terminalreporter):
   for path, seconds in files:
     terminalreporter.write_line(f"{seconds:7.1f}s cpu  {path}")
   terminalreporter.write_sep("=", "per worker: first test starts, last ends (s from session "
-                                  "start), seconds in tests")
-  for worker, (first, last, busy) in sorted(WORKER_SPANS.items()):
+                                  "start), seconds in tests, CPU s in its cyclic collector")
+  for worker, (first, last, busy, collector) in sorted(WORKER_SPANS.items()):
     terminalreporter.write_line(f"{worker}: {first - SESSION_START:7.1f} "
-                                f"{last - SESSION_START:7.1f} {busy:7.1f}")
+                                f"{last - SESSION_START:7.1f} {busy:7.1f} {collector:7.1f}")
 
 
 # Ending the session: after pytest has reported, leave without the interpreter's teardown. With
