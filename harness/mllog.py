@@ -31,14 +31,18 @@ class RunLog:
     self._mllogger = mllog.MLLogger(logger=self._pylogger, default_stack_offset=2,
                                     root_dir=_HARNESS_ROOT)
 
-  def event(self, key, value=None, **metadata):
-    self._mllogger.event(key=key, value=value, metadata=metadata or None)
+  # time_ms is the event's own stamp, not metadata: the driver reads its clock once for
+  # run_start/run_stop and gives that reading both to the log (what the official summarizer
+  # scores) and to the row's time_to_train_s, so the two can never differ by a millisecond.
+  # None: mllog reads its own clock, as for every other event.
+  def event(self, key, value=None, time_ms=None, **metadata):
+    self._mllogger.event(key=key, value=value, metadata=metadata or None, time_ms=time_ms)
 
-  def start(self, key, value=None, **metadata):
-    self._mllogger.start(key=key, value=value, metadata=metadata or None)
+  def start(self, key, value=None, time_ms=None, **metadata):
+    self._mllogger.start(key=key, value=value, metadata=metadata or None, time_ms=time_ms)
 
-  def end(self, key, value=None, **metadata):
-    self._mllogger.end(key=key, value=value, metadata=metadata or None)
+  def end(self, key, value=None, time_ms=None, **metadata):
+    self._mllogger.end(key=key, value=value, metadata=metadata or None, time_ms=time_ms)
 
   def close(self):
     for handler in list(self._pylogger.handlers):

@@ -316,3 +316,18 @@ def test_evals_within_an_epoch_log_the_epoch_fraction(tmp_path):
             for e in events if e["key"] == "block_start"]
   assert blocks == [(0.0, 0.2), (0.2, 0.2), (0.4, 0.2)]
   assert compliance.check(row.log_path)[0]
+
+
+def test_the_log_and_the_row_time_the_run_from_the_same_clock_readings(tmp_path, monkeypatch):
+  """Every clock reading 0.7 ms after the last (injected, so a millisecond boundary falls between
+  any two): the log's run_start/run_stop (what the official summarizer scores) are the driver's
+  own readings, and the row's time_to_train_s is exactly their difference. mllog stamping the
+  events from its own clock would put them a reading later than the driver's."""
+  clock = iter(1_700_000_000.0 + 0.0007 * i for i in range(10**6))
+  monkeypatch.setattr(driver.time, "time", lambda: next(clock))
+  row, events, frame = _run(tmp_path, ScriptedTrainer([0.5, 0.95]))
+  start, = [e for e in events if e["key"] == "run_start"]
+  stop, = [e for e in events if e["key"] == "run_stop"]
+  assert "time_ms" not in start["metadata"] and "time_ms" not in stop["metadata"]
+  assert row.time_to_train_s == (stop["time_ms"] - start["time_ms"]) / 1000
+  assert frame.iloc[0]["time_to_train_s"] == row.time_to_train_s

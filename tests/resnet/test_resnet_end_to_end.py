@@ -30,7 +30,7 @@ def test_mini_resnet_jax_reaches_target_and_log_passes_the_official_checker(cli,
   # compile before run_start; time-to-train is exactly run_stop - run_start
   assert keys.index("init_stop") < keys.index("run_start") < keys.index("block_start")
   start, stop = (next(e for e in events if e["key"] == k) for k in ("run_start", "run_stop"))
-  assert row["time_to_train_s"] == pytest.approx((stop["time_ms"] - start["time_ms"]) / 1000)
+  assert row["time_to_train_s"] == (stop["time_ms"] - start["time_ms"]) / 1000
   assert stop["metadata"]["status"] == "success"
   for key in ("submission_division", "seed", "global_batch_size", "gradient_accumulation_steps",
               "train_samples", "eval_samples", "opt_name", "lars_epsilon", "lars_opt_weight_decay",
