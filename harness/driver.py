@@ -4,7 +4,6 @@ The driver never touches tensors: it calls a Trainer's init/train/evaluate and l
 them. Compilation happens inside init (before run_start); the trainer reads no data before
 its first train() call, which is after run_start.
 """
-import contextlib
 import dataclasses
 import datetime
 import math
@@ -97,6 +96,8 @@ class Run:
   def __init__(self, spec, cfg, opts: RunOptions, index: int, trainer, seed: int):
     self.spec, self.cfg, self.opts = spec, cfg, opts
     self.trainer, self.seed = trainer, seed
+    if opts.signals:                  # the trainer's loops stop at a step boundary (faults.py)
+      trainer.stop_check = opts.signals.check
     stamp = datetime.datetime.now(datetime.timezone.utc)
     self.started_at = stamp.isoformat(timespec="seconds")
     self.run_id = (f"{spec.name}_{opts.framework}_{opts.preset}_"
@@ -141,11 +142,6 @@ class Run:
       value, metadata = value if isinstance(value, tuple) else (value, {})
       log.event(key, value, **metadata)
 
-  def _interruptible(self):
-    """While the trainer runs, a signal stops it at the next step boundary."""
-    signals = self.opts.signals
-    return signals.interruptible() if signals else _nothing()
-
   def _check_signals(self):
     if self.opts.signals:
       self.opts.signals.check()
@@ -176,8 +172,7 @@ class Run:
     deferred = False
     try:
       self._log_init_keys(log)
-      with self._interruptible():
-        trainer.init()
+      trainer.init()
       row["flops"] = trainer.describe(pipeline=False).train_flops_per_example
       self._check_signals()
       log.end(C.INIT_STOP)
@@ -262,7 +257,7 @@ class Run:
         run_started=self.run_start is not None, closed=closed, deferred=deferred,
         row_saved=self.row_saved, results_path=self.opts.results_path,
         interrupted_by=self.interrupted_by,
-        hosts=getattr(self.trainer, "process_hosts", None),
+        hosts=self.trainer.process_hosts,
         heartbeat_s=self.cfg.parallel.heartbeat_timeout_s,
         row=dataclasses.asdict(self._row(self.state))))
 
@@ -272,10 +267,9 @@ class Run:
     step's (bench/gpu_harness.py)."""
     log.start(C.BLOCK_START, first_epoch_num=0, epoch_count=1)
     gbs = self.cfg.train.global_batch_size
-    with self._interruptible():
-      warm = self.trainer.train(SYNTHETIC_WARMUP_STEPS)      # returns after a host sync
-      start = time.time()
-      metrics = self.trainer.train(steps)
+    warm = self.trainer.train(SYNTHETIC_WARMUP_STEPS)      # returns after a host sync
+    start = time.time()
+    metrics = self.trainer.train(steps)
     elapsed = time.time() - start
     row["steps"] = steps + SYNTHETIC_WARMUP_STEPS
     log.end(C.BLOCK_STOP, first_epoch_num=0, epoch_count=1)
@@ -296,7 +290,7 @@ class Run:
     gbs, target = cfg.train.global_batch_size, cfg.train.target
     by_samples = cadence.kind(cfg.train) == cadence.EVERY_SAMPLES
     # packed rows (BERT): a step's samples vary, so blocks end at sample counts, not steps
-    variable = by_samples and getattr(trainer, "variable_samples", False)
+    variable = by_samples and trainer.variable_samples
     steps_done, samples_done, train_time = 0, 0, 0.0
     run_start = time.time()
     for end_step, first, count in cadence.plan(cfg.train, per_epoch, max_steps):
@@ -332,8 +326,7 @@ class Run:
         epoch_num = min(first + count, math.ceil(epoch))   # less if --steps cut the block
         progress = f"epoch {epoch:g}/{cfg.train.max_epochs:g}"
       log.start(C.EVAL_START, epoch_num=epoch_num)
-      with self._interruptible():
-        value = trainer.evaluate()[metric.name]
+      value = trainer.evaluate()[metric.name]
       log.event(C.EVAL_ACCURACY, metric.logged(value), epoch_num=epoch_num)
       log.end(C.EVAL_STOP, epoch_num=epoch_num)
       log.end(C.BLOCK_STOP, first_epoch_num=first, epoch_count=count)
@@ -361,8 +354,7 @@ class Run:
   def _train_samples(self, block_samples, max_steps=None):
     """A block of at least `block_samples` samples (a step's own count: packed rows), or of
     `max_steps` steps where that comes first, in one call: its end is reported with its eval."""
-    with self._interruptible():
-      metrics = self.trainer.train(max_steps, samples=block_samples)
+    metrics = self.trainer.train(max_steps, samples=block_samples)
     self.state["steps"] = metrics["step"]
     self.state["trained"] = self.state.get("trained", 0) + metrics["samples"]
     self._progress()
@@ -379,8 +371,7 @@ class Run:
     while done < block_steps:
       n = min(chunk, block_steps - done)
       start = time.time()
-      with self._interruptible():
-        metrics = self.trainer.train(n)
+      metrics = self.trainer.train(n)
       done += n
       self.state["steps"] = steps_before + done
       self._progress()
@@ -403,7 +394,7 @@ class Run:
   def _samples_trained(self, r):
     """Samples trained so far: a packed step's own count (the trainer's, per block; a
     synthetic run's in its row), else steps x the global batch."""
-    if getattr(self.trainer, "variable_samples", False):
+    if self.trainer.variable_samples:
       return r.get("trained") or r["samples"] or 0
     return r["steps"] * self.cfg.train.global_batch_size
 
@@ -431,11 +422,6 @@ class Run:
         epochs_completed=(None if synthetic or not r["steps"] else
                           round(completed / (self.per_epoch * cfg.train.global_batch_size), 6)),
         samples_completed=completed)
-
-
-@contextlib.contextmanager
-def _nothing():
-  yield
 
 
 class RunResults(list):

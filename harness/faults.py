@@ -2,11 +2,15 @@
 progress file a supervised run keeps so that its supervisor can record it (harness/supervise.py).
 
 Signals. SIGTERM (a scheduler's preemption, SLURM's `--signal=TERM@60`), SIGINT (Ctrl-C) and
-SIGUSR1 (`--signal=USR1@60`) ask the run to stop at the next step boundary: the handler raises
-`Interrupted` while the trainer runs (between two dispatched JAX steps, or when TF's in-graph
-loop of steps returns: such a loop cannot be interrupted), and the driver checks between its
-own phases. The driver then writes `run_stop` aborted and the row, and the command exits
-128 + the signal's number. A second signal ends the run at once, from a thread that reads the
+SIGUSR1 (`--signal=USR1@60`) ask the run to stop at the next step boundary. The handler only
+records the signal; `check()` raises `Interrupted`, called by the trainer's own loops between
+two steps and two eval batches (Trainer.stop_check: between two dispatched JAX steps, once the
+dispatched ones have finished; when TF's in-graph loop of steps returns: such a loop cannot be
+interrupted) and by the driver between its own phases. The handler never raises: raised from a
+handler, the exception would leave at whatever bytecode the main thread was running, inside
+tf.data's iterator or JAX's dispatch, and a JAX run so ended died by SIGABRT ("free(): invalid
+next size") in about one of 30 preemptions, its row lost. The driver then writes `run_stop`
+aborted and the row, and the command exits 128 + the signal's number. A second signal ends the run at once, from a thread that reads the
 signal as soon as it arrives (Python's own handler waits for the main thread, which a compiled
 loop may hold for minutes): it writes `run_stop` and the row and leaves with os._exit. A repeat
 within REPEAT_S of the first counts as the same signal: srun delivers a signal to every process
@@ -63,7 +67,6 @@ class SignalWatch:
   def __init__(self):
     self.received = None
     self.on_second = None
-    self._interruptible = False
     self._first_at = None
     self._lock = threading.Lock()
     self._saved = None
@@ -95,14 +98,12 @@ class SignalWatch:
 
   # ---------------------------------------------------------------- the two paths
   def _handler(self, signum, frame):
-    """Python's handler, in the main thread: the graceful stop."""
+    """Python's handler, in the main thread: records the graceful stop, which `check` raises at
+    the next boundary (never here: see the module's docstring)."""
     del frame
     with self._lock:                   # the watcher thread may not have seen it yet
       if self.received is None:
         self.received, self._first_at = signum, time.monotonic()
-    if self._interruptible:
-      self._interruptible = False
-      raise Interrupted(self.received)
 
   def _watch(self, read):
     """The watcher thread: sees each signal as the C-level handler writes it to the wakeup
@@ -134,19 +135,10 @@ class SignalWatch:
       return True
 
   def check(self):
-    """Raises Interrupted if a signal has asked the run to stop (the driver's boundaries)."""
+    """Raises Interrupted if a signal has asked the run to stop (the driver's boundaries and,
+    as Trainer.stop_check, the trainer's)."""
     if self.received is not None:
       raise Interrupted(self.received)
-
-  @contextlib.contextmanager
-  def interruptible(self):
-    """While the trainer runs, the handler raises at once (the next step boundary)."""
-    self.check()
-    self._interruptible = True
-    try:
-      yield
-    finally:
-      self._interruptible = False
 
 
 # ----------------------------------------------------------------------------- lost peers

@@ -3,6 +3,7 @@
 A spec names the MLPerf benchmark, the metric, the presets, and where each framework's trainer
 lives; the trainer module is imported only when a run asks for that framework.
 """
+import abc
 import dataclasses
 import importlib
 from typing import Any, Callable, Protocol
@@ -76,8 +77,31 @@ class CountEvaluator:
     return {self.metric_name: float(correct / count), "count": int(round(count))}
 
 
-class Trainer(Protocol):
-  """One per workload x framework. The driver owns time and logging; a trainer owns tensors."""
+class ContractMeta(abc.ABCMeta):
+  """abc.ABCMeta, and after __init__ the attributes the class declares in `built_with` must be
+  set: a trainer that misses a piece fails when it is built, naming the piece, not with an
+  AttributeError after run_start (abstract methods are ABCMeta's own check)."""
+
+  def __call__(cls, *args, **kwargs):
+    obj = super().__call__(*args, **kwargs)
+    for klass in reversed(cls.__mro__):     # each class's `built_with` adds to its bases'
+      missing = [name for name in vars(klass).get("built_with", ()) if not hasattr(obj, name)]
+      if missing:
+        raise TypeError(f"{cls.__name__} was built without {', '.join(missing)}: its __init__ "
+                        f"must set {'them' if len(missing) > 1 else 'it'} (declared by "
+                        f"{klass.__name__}.built_with)")
+    return obj
+
+
+class Trainer(metaclass=ContractMeta):
+  """One per workload x framework. The driver owns time and logging; a trainer owns tensors.
+  Every workload's trainer derives from one of the two framework bases
+  (workloads/parallel/jax_trainer_base.MeshTrainer, tf_trainer_base.StrategyTrainer), which
+  implement this; the driver reads nothing else of a trainer."""
+  # What the driver reads, set when the trainer is built (before init): `built_with` lists the
+  # names every subclass's __init__ must set (ContractMeta checks them); a base lists its own.
+  built_with = ("num_devices", "data_replicas", "mesh_description", "device_kind",
+                "train_examples", "eval_examples")
   num_devices: int
   data_replicas: int             # devices on the data axis (for model_bn_span)
   mesh_description: str          # e.g. "data=4,spatial=2", for the result row
@@ -85,16 +109,35 @@ class Trainer(Protocol):
   train_examples: int            # one epoch
   eval_examples: int
 
+  # Optional extras, with what a trainer that has none of them means.
+  # Whether a step's samples vary (BERT's packed rows): the driver then plans its blocks in
+  # samples and gives train() a sample count.
+  variable_samples: bool = False
+  # Every process's host by index (multi-process runs), for the line naming a lost peer.
+  process_hosts: list | None = None
+
+  def stop_check(self) -> None:
+    """Called by the trainer's own loops between two steps (and two eval batches): raises
+    harness.faults.Interrupted once a signal asked the run to stop. The driver sets it to its
+    signal watch's check; a signal never raises from inside a library call (XLA's dispatch,
+    tf.data's iterator), only here. Default: nothing stops the run."""
+
+  @abc.abstractmethod
   def init(self) -> None:
     """Builds the model and optimizer state and compiles the steps. Reads no data."""
 
-  def train(self, num_steps: int) -> dict:
-    """Runs num_steps steps; one host sync at the end; returns {'loss': float, 'lr': float}."""
+  @abc.abstractmethod
+  def train(self, num_steps: int | None = None, *, samples: int | None = None) -> dict:
+    """Runs num_steps steps (or as many as train at least `samples` samples, at most num_steps
+    where both are given); one host sync at the end; returns {'loss': float, 'lr': float,
+    'step': int, 'samples': int} (and optionally 'progress', 'scalars')."""
 
+  @abc.abstractmethod
   def evaluate(self) -> dict:
     """The quality metric over the whole eval split: {spec.metric.name: float, 'count': int}
     (three phases in the base trainers: device eval_step, host accumulate, finalize)."""
 
+  @abc.abstractmethod
   def describe(self, pipeline: bool = True) -> "Description":
     """The model and its step as compiled (or traced) on this layout; may be called before init
     (it builds what it needs). pipeline=False leaves out GPipe's figures, whose activation

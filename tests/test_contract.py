@@ -6,7 +6,16 @@ import math
 import pytest
 
 from harness import config, registry
-from harness.workload import Description, RunContext
+from harness.workload import Description, RunContext, Trainer
+
+BASES = {"jax": ("workloads.parallel.jax_trainer_base", "MeshTrainer"),
+         "tf": ("workloads.parallel.tf_trainer_base", "StrategyTrainer")}
+
+
+def _base(framework):
+  import importlib  # pylint: disable=import-outside-toplevel
+  module, name = BASES[framework]
+  return getattr(importlib.import_module(module), name)
 
 
 
@@ -23,6 +32,7 @@ def _check_trainer(spec, framework, data_dir):
   cfg = spec.configure("tiny", ["parallel.mesh=data=1", "train.jit_compile=false"])
   trainer = spec.make_trainer(framework, cfg, RunContext(seed=0, preset="tiny",
                                                          data_dir=data_dir))
+  assert isinstance(trainer, _base(framework)) and isinstance(trainer, Trainer)
   for attr in ("num_devices", "data_replicas", "mesh_description", "device_kind",
                "train_examples", "eval_examples"):
     assert getattr(trainer, attr) is not None, attr
@@ -47,3 +57,32 @@ def test_trainer_contract_on_the_tiny_preset(name, data_dir):
   assert set(spec.trainer_modules) == set(config.FRAMEWORKS)
   counts = {fw: _check_trainer(spec, fw, data_dir) for fw in config.FRAMEWORKS}
   assert counts["jax"] == counts["tf"], counts
+
+
+@pytest.mark.parametrize("framework,hook", [("jax", "train_step_fn"), ("tf", "loss_and_grads")])
+def test_a_trainer_missing_a_hook_fails_when_it_is_built_naming_the_hook(framework, hook):
+  """Every hook a base leaves to its workload is abstract: a trainer without it is refused at
+  construction, before any runtime, data or log exists."""
+  base = _base(framework)
+  others = {name: (lambda self, *a, **k: None) for name in base.__abstractmethods__
+            if name != hook}
+  incomplete = type("Incomplete", (base,), {"spec": registry.get("resnet50"), **others})
+  with pytest.raises(TypeError, match=hook):
+    incomplete(None, None)
+
+
+def test_a_trainer_whose_init_misses_a_declared_attribute_fails_when_built(data_dir):
+  """The attributes the bases read and a workload's __init__ supplies (Trainer.built_with and
+  the bases' own: the schedule, the flax model) are checked once __init__ returns."""
+  from workloads.parallel.jax_trainer_base import MeshTrainer  # pylint: disable=import-outside-toplevel
+  from workloads.resnet import jax_trainer  # pylint: disable=import-outside-toplevel
+
+  class WithoutSchedule(jax_trainer.ResNetTrainer):
+    def __init__(self, cfg, ctx):                 # the base's part only: no model, no schedule
+      MeshTrainer.__init__(self, cfg, ctx)        # pylint: disable=non-parent-init-called
+
+  spec = registry.get("resnet50")
+  cfg = spec.configure("tiny", ["parallel.mesh=data=1"])
+  with pytest.raises(TypeError, match=r"WithoutSchedule was built without schedule: .*"
+                                      r"WorkloadTrainer\.built_with"):
+    WithoutSchedule(cfg, RunContext(seed=0, preset="tiny", data_dir=data_dir))

@@ -8,11 +8,11 @@ import math
 import pandas as pd
 
 from harness import cadence, compliance, driver
-from harness.workload import Description
+from harness.workload import Description, Trainer
 from workloads.resnet import spec
 
 
-class ScriptedTrainer:
+class ScriptedTrainer(Trainer):
   """Returns a given accuracy after each eval; counts the steps it is asked to run."""
   num_devices, data_replicas, device_kind, mesh_description = 1, 1, "scripted", "data=1"
 
@@ -25,8 +25,8 @@ class ScriptedTrainer:
   def init(self):
     self.initialised = True
 
-  def train(self, num_steps):
-    assert self.initialised
+  def train(self, num_steps=None, *, samples=None):
+    assert self.initialised and samples is None
     self.steps.append(num_steps)
     loss = self.losses[len(self.steps) - 1] if self.losses else 1.0
     return {"loss": loss, "lr": 0.1, "step": sum(self.steps)}

@@ -4,6 +4,7 @@ reach its CSV each end in one line, an aborted row (or a recovery row), a log cl
 import os
 import signal
 import subprocess
+import threading
 import time
 
 import pandas as pd
@@ -76,10 +77,10 @@ class _FailingTrainer(ScriptedTrainer):
   """Trains a block, evaluates, then fails in the next block's training, as a collective does
   when a peer is gone."""
 
-  def train(self, num_steps):
+  def train(self, num_steps=None, *, samples=None):
     if self.evals:
       raise RuntimeError("INTERNAL: Error dispatching computation")
-    return super().train(num_steps)
+    return super().train(num_steps, samples=samples)
 
 
 class _Relay:
@@ -281,3 +282,39 @@ def test_a_second_signal_is_one_that_is_not_a_repeat_of_the_first(monkeypatch):
   clock[0] += faults.REPEAT_S
   assert watch._record(signal.SIGINT)               # pylint: disable=protected-access
   assert watch.received == signal.SIGTERM           # the status stays the first signal's
+
+
+class _PreemptedInsideALibraryCall(ScriptedTrainer):
+  """In its second block, SIGTERM reaches the process while the trainer is inside a library
+  call (here a loop of Python bytecodes, as tf.data's iterator and JAX's dispatch are)."""
+  library_call_completed = None
+
+  def train(self, num_steps=None, *, samples=None):
+    if self.evals == 1 and self.library_call_completed is None:
+      self.library_call_completed = False
+      os.kill(os.getpid(), signal.SIGTERM)      # Python runs the handler at the next bytecode
+      for _ in range(1000):
+        pass
+      self.library_call_completed = True
+      self.stop_check()                         # the trainer's own step boundary
+    return super().train(num_steps, samples=samples)
+
+
+def test_a_signal_stops_the_run_only_at_the_trainer_s_step_boundary(tmp_path):
+  """The handler records; Trainer.stop_check raises. A handler that raised would leave the
+  trainer from inside whatever library call the main thread was in (a preempted JAX run so
+  ended died by SIGABRT, its row lost): deterministic here, the signal sent from inside."""
+  assert threading.current_thread() is threading.main_thread()   # where handlers install
+  trainer = _PreemptedInsideALibraryCall([0.5, 0.6, 0.7])
+  cfg = spec.mini()
+  cfg.train.global_batch_size = 64
+  with faults.SignalWatch() as watch:
+    opts = driver.RunOptions(framework="jax", preset="mini", seed=7, signals=watch,
+                             results_path=str(tmp_path / "r.csv"),
+                             log_dir=str(tmp_path / "logs"))
+    rows = driver.run_all(spec.SPEC, cfg, opts, lambda seed: trainer)
+  assert trainer.library_call_completed is True
+  assert rows.exit_status() == 128 + signal.SIGTERM
+  row = pd.read_csv(tmp_path / "r.csv").iloc[0]
+  assert row["status"] == "aborted" and row["abort_reason"].startswith("SIGTERM received after")
+  _assert_closed_aborted_log(row["log_path"])

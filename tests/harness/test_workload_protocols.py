@@ -57,3 +57,27 @@ def test_the_count_evaluator_sums_then_divides():
   for batch in ([3, 4], [5, 4], [0, 2]):
     acc = evaluator.accumulate(acc, np.array(batch, np.float32))
   assert evaluator.finalize(acc) == {"top1_accuracy": 8 / 10, "count": 10}
+
+
+def test_a_trainer_that_does_not_set_what_the_driver_reads_fails_when_built():
+  """harness.workload.Trainer: its abstract methods and the attributes its `built_with` names
+  are checked at construction, each missing piece named."""
+  from harness.workload import Trainer  # pylint: disable=import-outside-toplevel
+
+  class Methods(Trainer):
+    def init(self): ...
+    def train(self, num_steps=None, *, samples=None): ...
+    def describe(self, pipeline=True): ...
+
+  with pytest.raises(TypeError, match="evaluate"):
+    Methods()
+
+  class NoEpoch(Methods):
+    num_devices, data_replicas, device_kind, mesh_description, eval_examples = 1, 1, "x", "", 1
+    def evaluate(self): ...
+
+  with pytest.raises(TypeError, match=r"NoEpoch was built without train_examples: its "
+                                      r"__init__ must set it \(declared by Trainer.built_with\)"):
+    NoEpoch()
+  NoEpoch.train_examples = 8
+  assert NoEpoch().variable_samples is False and NoEpoch().process_hosts is None

@@ -77,16 +77,12 @@ class EfficientNetTrainer(StrategyTrainer):
         loss += l2_term(self.model, spec.loss_l2(cfg)) / self.runtime.num_replicas
     return loss, tape.gradient(loss, self.model.trainable_variables)
 
-  def _train_step(self, batch):
-    loss = super()._train_step(batch)
+  def after_update(self):
     ema_update(averaged_weights(self.ema_model), averaged_weights(self.model),
                self.cfg.optimizer.ema_decay, self.iterations)
-    return loss
 
-  def _state(self):
-    state = super()._state()
-    return state + [c for v in averaged_weights(self.ema_model)
-                    for c in self.strategy.experimental_local_results(v.value)]
+  def extra_state(self):
+    return averaged_weights(self.ema_model)
 
   def eval_step(self, batch):
     logits = self.ema_model(batch["image"], training=False)

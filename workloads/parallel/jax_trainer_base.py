@@ -23,6 +23,7 @@ outputs come to the host, gathered from every process (each host sees the whole 
 padding included: accumulate drops the examples whose 'mask' is 0), so every eval example
 counts exactly once.
 """
+import abc
 import collections
 import functools
 import math
@@ -32,10 +33,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import multihost_utils
 
-from harness import mesh, pipeline as gpipe
+from harness import pipeline as gpipe
 from harness.workload import Description, PipelineDescription, is_synthetic
 from workloads.common import host_tf, moe
 from workloads.parallel import jax_flops, jax_runtime, jax_stage_weights
+from workloads.parallel.trainer_base import WorkloadTrainer
 
 # tf.data only feeds the host here, and only where a pipeline reads files (workloads/common/
 # host_tf.py): TensorFlow, if it loads, is kept off any GPU so JAX has all their memory.
@@ -56,20 +58,21 @@ def apply_update(state, grads, runtime, **fields):
   return state.replace(params=runtime.restore_param_layout(state.params))
 
 
-class MeshTrainer:
-  spec = None                   # the workload's WorkloadSpec (harness/workload.py): its batch
-                                # layout, parameter axes, mesh axes, input pipeline and the
-                                # eval's host side
+class MeshTrainer(WorkloadTrainer):
+  # The flax module (`pipelined` binds it into a workload's GPipe loss): every workload's
+  # __init__ builds it, as it sets `schedule` (trainer_base.WorkloadTrainer).
+  built_with = ("model",)
+  model: object
 
   # ------------------------------------------------------------------ what a workload supplies
+  @abc.abstractmethod
   def create_state(self, rng):
     """The train state (params, optimizer state, ...) from a PRNG key; init jits it."""
-    raise NotImplementedError
 
+  @abc.abstractmethod
   def train_step_fn(self, remat=None):
     """The train step, (state, batch) -> (state, loss): the workload's loss and gradients,
     then `apply_update` (below). `remat` overrides parallel.remat (describe compiles both)."""
-    raise NotImplementedError
 
   def load_weights(self, state, shardings):
     """The state with weights the config names loaded over the initialised ones (a reference
@@ -77,9 +80,9 @@ class MeshTrainer:
     del shardings
     return state
 
+  @abc.abstractmethod
   def eval_step(self, state, batch):
-    """Device: the outputs of one eval batch (default protocol: [correct, counted])."""
-    raise NotImplementedError
+    """Device: the outputs of one eval batch ([correct, counted] for a CountEvaluator)."""
 
   # Whether the workload's pipeline reads its parameters through self.stage_weights (then,
   # with --mesh stage=K, each stage's own parameters and optimizer state live on its devices
@@ -93,55 +96,20 @@ class MeshTrainer:
     (the same objects at every call: the state's `tx` is a static field)."""
     return tx, None
 
-  def accumulate(self, acc, outputs):
-    """Adds one batch's outputs (spec.evaluator: device arrays, or host numpy when on_host)."""
-    return self.evaluator.accumulate(acc, outputs)
-
-  def finalize(self, acc):
-    return self.evaluator.finalize(acc)
-
   # ------------------------------------------------------------------ shared
-  @property
-  def process_hosts(self):
-    """Every process's host by index (multi-process runs), for the line naming a lost peer."""
-    return self.runtime.process_hosts
-
   def __init__(self, cfg, ctx):
-    self.cfg, self.ctx = cfg, ctx
-    self.runtime = runtime = jax_runtime.MeshRuntime(cfg.parallel, cfg.train.global_batch_size,
-                                                     describing=ctx.describing)
-    spec = self.spec
-    mesh.check_workload_axes(runtime.shape, spec.name, spec.mesh_axes)
-    # GPipe (stage axis or micro-batches): layers per stage, None without a pipeline
-    self.stage_cut = None
-    if runtime.stage > 1 or runtime.microbatches > 1:
-      if spec.pipeline_layers is None:
-        raise ValueError(f"{spec.name} has no pipeline layers; allowed: --mesh stage=1 and "
-                         "parallel.microbatches=1")
-      self.stage_cut = gpipe.stage_cut(spec.pipeline_layers(cfg), runtime.stage,
-                                       cfg.parallel.stage_layers)
-    self.num_devices = runtime.num_devices
-    self.data_replicas = runtime.data
-    self.mesh_description = runtime.description
-    self.device_kind = jax.devices()[0].device_kind
-    self.dtype = jnp.bfloat16 if cfg.train.precision == "bfloat16" else jnp.float32
+    runtime = jax_runtime.MeshRuntime(cfg.parallel, cfg.train.global_batch_size,
+                                      describing=ctx.describing)
     gbs = cfg.train.global_batch_size
     if gbs % runtime.shape.batch_shards:
       raise ValueError(f"train.global_batch_size={gbs} is not divisible by the "
                        f"{runtime.shape.batch_shards} devices the batch is split over "
                        "(data x expert)")
-    self.pipeline = spec.input_pipeline           # harness.workload.InputPipeline
-    self.data_dir, self.train_examples = self.pipeline.data_source(cfg, ctx)
-    self.evaluator = spec.evaluator(cfg, self.data_dir)   # harness.workload.Evaluator
-    self.eval_examples = cfg.data.eval_examples
-    self._train_iter = self._eval_data = None
+    self._build_common(cfg, ctx, runtime, runtime.stage > 1 or runtime.microbatches > 1)
+    self.device_kind = jax.devices()[0].device_kind
+    self.dtype = jnp.bfloat16 if cfg.train.precision == "bfloat16" else jnp.float32
     self.stage_weights = None     # jax_stage_weights.StageWeights, made by init() when owned
     self.describing = False       # describe() before init: shapes and the train step only
-
-  @property
-  def eval_on_host(self):
-    """Whether eval outputs come to the host every batch (the evaluator's; see above)."""
-    return self.evaluator.on_host
 
   def eval_batch_size(self):
     """cfg.data.eval_batch_size rounded up to a multiple of the batch's shards (data x expert)
@@ -192,6 +160,7 @@ class MeshTrainer:
     self.state = self.initial_state(shardings, rng)
     if not self.describing:
       self.state = self.load_weights(self.state, shardings)
+      self._stop_point(self.state)      # a long init: a signal need not wait for the compile
     self.compile_steps(self.train_step_fn(), shardings)
 
   def stored_state(self, rng):
@@ -273,10 +242,6 @@ class MeshTrainer:
         yield queue.popleft()
     yield from queue
 
-  # Whether a step's samples vary (BERT's packed rows): the driver then plans its blocks in
-  # samples and train() is given a sample count (harness/driver.py).
-  variable_samples = False
-
   def samples_in(self, host_batch):
     """The samples a host batch trains: the global batch (packed rows count their own)."""
     del host_batch
@@ -316,6 +281,7 @@ class MeshTrainer:
     outputs, trained = [], 0
     while ((samples is None or trained < samples)
            and (num_steps is None or len(outputs) < num_steps)):
+      self._stop_point(self.state)
       batch, count = next(batches)
       self.state, out = self._train_step(self.state, batch)
       outputs.append(out)
@@ -331,6 +297,16 @@ class MeshTrainer:
       router = moe.block_metrics([jax.tree.map(np.asarray, out["router"]) for out in outputs])
       metrics["progress"], metrics["scalars"] = moe.report(router)
     return metrics
+
+  def _stop_point(self, dispatched):
+    """Where a signal stops the run (Trainer.stop_check): between two steps or eval batches,
+    in this loop's own code. The steps already dispatched finish first (`dispatched`: what the
+    last of them returns), so the process never leaves while XLA still runs them."""
+    try:
+      self.stop_check()
+    except BaseException:
+      jax.block_until_ready(dispatched)
+      raise
 
   def _to_host(self, outputs):
     """Device outputs of one eval batch -> numpy with the whole global batch on this host."""
@@ -348,6 +324,7 @@ class MeshTrainer:
                                                    rt.process_count)
     acc = None
     for batch in self._device_batches(self._eval_data.as_numpy_iterator(), self.batch_axes(True)):
+      self._stop_point(acc)
       outputs = self._eval_step(self.state, batch)
       acc = self.accumulate(acc, self._to_host(outputs) if self.eval_on_host else outputs)
     return self.finalize(acc)

@@ -28,6 +28,7 @@ detections) every batch's per-replica outputs are gathered
 (strategy.gather: from every worker, in replica order; a spatial group's duplicates dropped)
 and accumulated on the host; accumulate drops the examples whose 'mask' is 0.
 """
+import abc
 import collections
 import math
 
@@ -35,30 +36,42 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from harness import mesh, pipeline as gpipe
+from harness import pipeline as gpipe
 from harness.workload import Description, PipelineDescription, is_synthetic
 from workloads.common import moe
 from workloads.common.batching import eval_batches_per_host, host_batch_size
 from workloads.parallel import tf_layers, tf_pipeline, tf_runtime
+from workloads.parallel.trainer_base import WorkloadTrainer
 from workloads.parallel.tf_flops import graph_flops, model_flops
 
 
-class StrategyTrainer:
-  spec = None                   # the workload's WorkloadSpec (harness/workload.py): its batch
-                                # layout, mesh axes, input pipeline and the eval's host side
+class StrategyTrainer(WorkloadTrainer):
+  # A pipelined loss (tf_pipeline.run) sets these while it is traced, for describe's GPipe
+  # figures: the ops of the forward pass, and the bytes its stage shifts copy per step.
+  forward_ops: int | None = None
+  shifted_bytes: int = 0
 
   # ------------------------------------------------------------------ what a workload supplies
+  @abc.abstractmethod
   def make_model(self, runtime):
     """The Keras model; `runtime` is the StrategyRuntime when there are several replicas."""
-    raise NotImplementedError
 
+  @abc.abstractmethod
   def make_optimizer(self):
     """-> (a tf_optimizers optimizer, its Keras learning-rate schedule)."""
-    raise NotImplementedError
 
+  @abc.abstractmethod
   def loss_and_grads(self, batch):
     """This replica's share of the global loss and its gradients."""
-    raise NotImplementedError
+
+  def after_update(self):
+    """Inside the train step, after the optimizer's update (EfficientNet's weight average).
+    Default: nothing."""
+
+  def extra_state(self):
+    """Training state beyond the model's and the optimizer's variables (EfficientNet's averaged
+    weights), each a variable: init restores it after tracing the loops on zeros."""
+    return []
 
   def parameter_sizes(self):
     """{flax parameter path ('encoder/layer_0/...'): element count} of the built model: the
@@ -66,68 +79,33 @@ class StrategyTrainer:
     return {"/".join(path): int(np.prod(getattr(var, "full_shape", var.shape)))
             for path, var in tf_layers.params_by_path(self.model).items()}
 
+  @abc.abstractmethod
   def eval_step(self, batch):
-    """This replica's outputs for its part of an eval batch (default: [correct, counted],
-    padding masked)."""
-    raise NotImplementedError
-
-  def accumulate(self, acc, outputs):
-    """Adds one batch's outputs (spec.evaluator: summed per replica, or host numpy)."""
-    return self.evaluator.accumulate(acc, outputs)
-
-  def finalize(self, acc):
-    return self.evaluator.finalize(acc)
+    """This replica's outputs for its part of an eval batch ([correct, counted] for a
+    CountEvaluator, padding masked)."""
 
   # ------------------------------------------------------------------ shared
-  @property
-  def process_hosts(self):
-    """Every process's host by index (multi-process runs), for the line naming a lost peer."""
-    return self.runtime.process_hosts
-
   def __init__(self, cfg, ctx):
-    self.cfg, self.ctx = cfg, ctx
-    self.runtime = rt = tf_runtime.StrategyRuntime(cfg.parallel,
-                                                          cfg.train.global_batch_size)
-    spec = self.spec
-    mesh.check_workload_axes(rt.shape, spec.name, spec.mesh_axes)
-    self.strategy = rt.strategy
+    rt = tf_runtime.StrategyRuntime(cfg.parallel, cfg.train.global_batch_size)
     gbs = cfg.train.global_batch_size
     if gbs % rt.data or gbs % rt.process_count:
       raise ValueError(f"train.global_batch_size={gbs} is not divisible by the {rt.data} data "
                        f"replicas and {rt.process_count} process(es)")
-    self.num_devices, self.data_replicas = rt.num_devices, rt.data
-    # GPipe (stage axis or micro-batches): layers per stage, None without a pipeline
-    self.stage_cut = None
-    if rt.pipelined:
-      if spec.pipeline_layers is None:
-        raise ValueError(f"{spec.name} has no pipeline layers; allowed: --mesh stage=1 and "
-                         "parallel.microbatches=1")
-      self.stage_cut = gpipe.stage_cut(spec.pipeline_layers(cfg), rt.stage,
-                                       cfg.parallel.stage_layers)
+    self._build_common(cfg, ctx, rt, rt.pipelined)
+    self.strategy = rt.strategy
     # stages own their weights: each stage's made on its device (data replica 0's), with their
     # optimizer slots beside them (tf_pipeline.on_stage_device); None without stages
     self.stage_placement = (list(zip(rt.pipeline_devices[:rt.stage],
                                      gpipe.stage_ranges(self.stage_cut)))
                             if self.stage_cut and rt.stage > 1 else None)
-    self.mesh_description = rt.description
     gpus = tf.config.list_logical_devices("GPU")
     self.device_kind = (tf.config.experimental.get_device_details(
         tf.config.list_physical_devices("GPU")[0]).get("device_name", "GPU") if gpus else "cpu")
     self.dtype = "mixed_bfloat16" if cfg.train.precision == "bfloat16" else "float32"
-    self.pipeline = spec.input_pipeline           # harness.workload.InputPipeline
-    self.data_dir, self.train_examples = self.pipeline.data_source(cfg, ctx)
-    self.evaluator = spec.evaluator(cfg, self.data_dir)   # harness.workload.Evaluator
-    self.eval_examples = cfg.data.eval_examples
     self.sharded = None
-    self._train_iter = self._eval_data = None
     # a workload's change to every host batch before it is split over replicas (SSD pads its
     # image's rows for spatial slabs); None: the batches as the input pipeline gives them
     self.host_batch_map = None
-
-  @property
-  def eval_on_host(self):
-    """Whether eval outputs are gathered to the host every batch (the evaluator's)."""
-    return self.evaluator.on_host
 
   # ------------------------------------------------------------------ data
   def batch_spec(self, batch_size, with_mask=False):
@@ -217,8 +195,11 @@ class StrategyTrainer:
     """-> this replica's loss, or {'loss', ...} when loss_and_grads reports more."""
     loss, grads = self.loss_and_grads(batch)
     if isinstance(loss, dict):
-      return {**loss, "loss": self._apply(loss["loss"], grads)}
-    return self._apply(loss, grads)
+      loss = {**loss, "loss": self._apply(loss["loss"], grads)}
+    else:
+      loss = self._apply(loss, grads)
+    self.after_update()
+    return loss
 
   def _apply(self, loss, grads):
     """Sums the replicas' gradients and applies them; -> the replica's loss share."""
@@ -323,6 +304,7 @@ class StrategyTrainer:
                                     list(self.sharded.slots.values()) + [self.sharded.iterations])
     state = [v.value if isinstance(v, keras.Variable) else v for v in state]
     state += [w.variable for w in self.runtime.sharded_weights]
+    state += [getattr(v, "value", v) for v in self.extra_state()]
     local = [c for v in state for c in self.strategy.experimental_local_results(v)]
     return local + (self.model_update.state() if self.model_update is not None else [])
 
@@ -357,7 +339,12 @@ class StrategyTrainer:
   def iterations(self):
     return self.optimizer.iterations if self.sharded is None else self.sharded.iterations
 
-  def train(self, num_steps):
+  def train(self, num_steps=None, *, samples=None):
+    """num_steps steps in one tf.function (its loop cannot stop inside: a signal stops the run
+    when it returns). A step trains the global batch: `samples` (Trainer's, for variable
+    samples) is not taken."""
+    if samples is not None or num_steps is None:
+      raise ValueError("a TF trainer trains whole steps of the global batch: train(num_steps)")
     if self._train_iter is None:         # first use is after run_start: no data read before
       self._train_iter = self._distributed(self.train_dataset, self.cfg.train.global_batch_size)
     total = self._train_loop(self._train_iter, tf.constant(num_steps))
@@ -385,6 +372,7 @@ class StrategyTrainer:
       return self.finalize(self._eval_loop(iterator, tf.constant(batches)).numpy())
     acc = None
     for _ in range(batches):
+      self.stop_check()                 # between two batches (eager TF: nothing in flight)
       outputs = {k: v.numpy() for k, v in self._eval_gather(iterator).items()}
       acc = self.accumulate(acc, self._drop_spatial_duplicates(outputs))
     return self.finalize(acc)
