@@ -31,6 +31,11 @@ def add_parser(sub):
                  " (default: the squarest torus of the chips, or nodes of the system's size)")
   p.add_argument("--batch", type=int, help="the target's global batch (default: the largest "
                                            "batch the RCPs cover that divides over the chips)")
+  p.add_argument("--step-s", type=float, metavar="SECONDS",
+                 help="the training step measured on one chip of the target's accelerator at "
+                      "the measured run's examples per chip: required where the measured run's "
+                      "accelerator has no simulator preset (a CPU or simulated-device row of "
+                      "this harness) and the target's differs; it replaces the measured step")
   p.add_argument("--backtest", nargs="+", metavar="FOLDER",
                  help="every scaling family in these MLPerf result folders, each larger "
                       "system predicted from the family's smallest")
@@ -104,7 +109,7 @@ def run(args) -> int:
   measured = predict.read_result(args.result)
   if args.batch is not None and args.batch < 1:
     raise UsageError(f"--batch {args.batch} is out of range; allowed: >= 1")
-  out = predict.predict(measured, _target(args, measured), args.batch)
+  out = predict.predict(measured, _target(args, measured), args.batch, args.step_s)
   if args.json:
     print(json.dumps(out, indent=1))
   else:
@@ -124,29 +129,49 @@ def print_breakdown(out):
   print(f"converge:  {out['samples_mean']:,.0f} {unit} ({out['samples_low']:,.0f} .. "
         f"{out['samples_high']:,.0f}); {out['convergence']}")
   print(f"steps:     {out['steps_mean']:,} ({out['steps_low']:,} .. {out['steps_high']:,})")
-  print(f"step:      measured {out['measured_step_s'] * 1e3:.4g} ms (less "
-        f"{out['source_exposed_s'] * 1e3:.3g} ms of exposed all-reduce) -> compute "
-        f"{out['compute_s'] * 1e3:.4g} ms a step here ({out['step_fixed_s'] * 1e3:.3g} ms "
-        f"fixed, the rest per example; chip speed x{out['chip_speed']:.3g})")
-  print(f"all-reduce: {out['parameters']:,} parameters x {predict.GRADIENT_BYTES} B: "
-        f"{out['all_reduce_s'] * 1e3:.4g} ms, {out['exposed_s'] * 1e3:.4g} ms exposed after "
-        f"the backward pass -> step {out['step_s'] * 1e3:.4g} ms")
+  if out["same_system"]:
+    print(f"step:      the measured system at its own batch: each run's own step (median "
+          f"{out['measured_step_s'] * 1e3:.4g} ms) and evals, unchanged")
+  else:
+    given = (f"given {out['given_step_s'] * 1e3:.4g} ms on one chip (the run measured "
+             f"{out['measured_step_s'] * 1e3:.4g} ms)" if out["given_step_s"] else
+             f"measured {out['measured_step_s'] * 1e3:.4g} ms (less "
+             f"{out['source_exposed_s'] * 1e3:.3g} ms of exposed all-reduce)")
+    print(f"step:      {given} -> compute {out['compute_s'] * 1e3:.4g} ms a step here "
+          f"({out['step_fixed_s'] * 1e3:.3g} ms fixed, the rest per example; chip speed "
+          f"x{out['chip_speed']:.3g})")
+    print(f"all-reduce: {out['parameters']:,} parameters x {predict.GRADIENT_BYTES} B: "
+          f"{out['all_reduce_s'] * 1e3:.4g} ms, {out['exposed_s'] * 1e3:.4g} ms exposed after "
+          f"the backward pass -> each run's step x{out['step_ratio']:.4g} (median "
+          f"{out['step_s'] * 1e3:.4g} ms)")
   print(f"evals:     {out['evals_mean']:.3g} x {out['eval_s']:.3g} s")
   print(f"predicted: {out['minutes_mean']:.3f} minutes ({out['minutes_low']:.3f} .. "
-        f"{out['minutes_high']:.3f} over the samples-to-converge range), run_start to run_stop")
+        f"{out['minutes_high']:.3f}: the fastest and slowest of the {out['runs']} measured "
+        f"runs carried over), {out['scoring']}, run_start to run_stop")
 
 
 def print_backtest(rows):
   import pandas as pd                            # pylint: disable=import-outside-toplevel
   from harness import predict
+  if not rows:
+    print("no scaling family (the same round, submitter, benchmark and accelerator at two or "
+          "more system sizes) in these folders: nothing to predict")
+    return
   frame = pd.DataFrame(rows, columns=["family", "from", "to", "predicted_minutes",
-                                      "measured_minutes", "error", "reason"])
+                                      "measured_minutes", "error"])
   frame["error"] = frame["error"].map(lambda e: "" if e is None or e != e else f"{e:+.1%}")
-  frame["reason"] = frame["reason"].fillna("")
   with pd.option_context("display.width", 250, "display.max_colwidth", 90,
                          "display.max_rows", None):
     print(frame.to_string(index=False, float_format=lambda v: f"{v:.3f}", na_rep="-"))
+  refused = [r for r in rows if r["reason"]]
+  if refused:                      # in full, one line each: they name the file and the field
+    print("refused:")
+    for r in refused:
+      print(f"  {r['family']} -> {r['to']}: {r['reason']}")
   summary = predict.backtest_summary(rows)
+  line = (f"{summary['predicted']} predicted, {summary['refused']} refused, "
+          f"{summary['unscored']} without a measured score")
   if summary["predicted"]:
-    print(f"{summary['predicted']} predicted, {summary['refused']} refused; |error| median "
-          f"{summary['median_abs_error']:.1%}, worst {summary['worst_abs_error']:.1%}")
+    line += (f"; |error| median {summary['median_abs_error']:.1%}, worst "
+             f"{summary['worst_abs_error']:.1%}")
+  print(line)

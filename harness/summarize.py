@@ -129,9 +129,11 @@ def _checker_reads_rules_with_libyaml():
     mlp_compliance.yaml = real
 
 
-def run_minutes(log_path: str, ruleset: str) -> tuple[float | None, str]:
+def run_minutes(log_path: str, ruleset: str, parsed=None) -> tuple[float | None, str]:
   """(minutes from run_start to run_stop, "" or why the run does not count) of an MLPerf log,
-  after the round's compliance check, as the official summarizer reads it."""
+  after the round's compliance check, as the official summarizer reads it. `parsed`: the
+  log's mlp_parser.parse_file(log_path, ruleset=ruleset), where the caller has already read
+  it (predict does: parsing is a third of a backtest)."""
   previous = logging.root.manager.disable
   logging.disable(logging.CRITICAL)          # the checker logs every finding to the root logger
   try:
@@ -139,7 +141,7 @@ def run_minutes(log_path: str, ruleset: str) -> tuple[float | None, str]:
                                           werror=False)   # fresh per log: it keeps state
     with _checker_reads_rules_with_libyaml():
       valid = checker.check_file(log_path, f"training_{ruleset}/common.yaml")
-    lines, failed = mlp_parser.parse_file(log_path, ruleset=ruleset)
+    lines, failed = parsed or mlp_parser.parse_file(log_path, ruleset=ruleset)
   finally:
     logging.disable(previous)
   if not valid:

@@ -74,6 +74,12 @@ class MeshTrainer(WorkloadTrainer):
     """The train step, (state, batch) -> (state, loss): the workload's loss and gradients,
     then `apply_update` (below). `remat` overrides parallel.remat (describe compiles both)."""
 
+  def layer_profile(self, rows):
+    """[(FLOPs, bytes sent on)] per pipeline layer (spec.pipeline_layers) lowered on one
+    micro-batch of `rows` (`simulate --mesh stage=K`'s pipeline step; nothing runs): a workload
+    that pipelines supplies it."""
+    raise ValueError(f"{self.spec.name} has no per-layer profile for simulate's pipeline step")
+
   def load_weights(self, state, shardings):
     """The state with weights the config names loaded over the initialised ones (a reference
     checkpoint), placed per `shardings`; not called when describing. Default: none."""
