@@ -46,6 +46,16 @@ def _fraction(text):
   return value
 
 
+def _alpha(text):
+  try:
+    value = float(text)
+  except ValueError:
+    raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+  if not 0 < value < 1:
+    raise argparse.ArgumentTypeError(f"{value} is out of range; allowed: 0 < alpha < 1")
+  return value
+
+
 def _add_workload_args(p, with_framework=True):
   p.add_argument("workload", help=f"one of: {', '.join(registry.names())}")
   if with_framework:
@@ -129,15 +139,29 @@ def build_parser():
   p.add_argument("--ruleset", help="mlperf_logging ruleset of MLPerf folders, e.g. 2.1.0 "
                                    "(default: from a training_vX.Y folder on the path)")
 
-  p = sub.add_parser("compare", help="regression gate between two result CSVs (exit 1)",
-                     description="Compare two result CSVs; exit 1 if any workload regressed "
-                                 "beyond the threshold (time-to-train or throughput).")
+  p = sub.add_parser(
+      "compare", help="regression gate between two result CSVs (exit 1)",
+      description="Compare two result CSVs per (workload, framework, preset); exit 1 on a "
+                  "regression. Speed: the runs' throughput and time-to-train speed (samples to "
+                  "target / time to train), an exact permutation test of Mann-Whitney U per "
+                  "group, Holm-corrected over every test of the comparison so that ALPHA is the "
+                  "false-alarm rate per comparison; a group regresses when its corrected test "
+                  "rejects and the Hodges-Lehmann ratio new/base shows a loss of at least "
+                  "THRESHOLD. Convergence: samples to target run by run where both sides ran "
+                  "the same seeds (any difference fails: 'convergence changed', with the seeds), "
+                  "else the RCP comparison of means. Prints per group the ratio with its "
+                  "1-ALPHA interval, the p-values, and the smallest loss the runs could detect.")
   p.add_argument("baseline")
   p.add_argument("new")
-  p.add_argument("--threshold", type=_fraction, default=0.05,
-                 help="relative change that counts as a regression (default 0.05)")
+  p.add_argument("--threshold", type=_fraction, default=0.03,
+                 help="smallest speed loss worth failing for, even when significant "
+                      "(default 0.03)")
+  p.add_argument("--alpha", type=_alpha, default=0.05,
+                 help="false-alarm rate of the whole comparison, all groups together "
+                      "(default 0.05)")
   p.add_argument("--require-all", action="store_true",
-                 help="also fail when NEW lacks a workload/framework/preset of BASELINE")
+                 help="also fail when NEW lacks a workload/framework/preset of BASELINE, or "
+                      "has too few runs to test it")
 
   p = sub.add_parser("report", help="HTML page with plots from result CSVs",
                      description="Render result CSVs (and the logs their rows point to) into "
@@ -150,8 +174,9 @@ def build_parser():
   p.add_argument("--baseline", help="baseline result CSV to compare the last CSV against")
   p.add_argument("--bench", metavar="FILE",
                  help="a bench/all.py table (CSV): ours against the peers, drawn and listed")
-  p.add_argument("--threshold", type=_fraction, default=0.05,
-                 help="regression threshold for the comparison (default 0.05)")
+  p.add_argument("--threshold", type=_fraction, default=0.03,
+                 help="smallest speed loss the comparison fails for, as compare's (default "
+                      "0.03)")
 
   p = sub.add_parser("check", help="official MLPerf checks of a log or a submission (exit 0/1)",
                      description="A log: mlperf_logging's compliance checker with the ruleset "
@@ -534,13 +559,14 @@ def cmd_summarize(args):
 
 def cmd_compare(args):
   from harness import compare
-  table = compare.compare(args.baseline, args.new, args.threshold)
+  table = compare.compare(args.baseline, args.new, args.threshold, args.alpha)
   import pandas as pd
-  with pd.option_context("display.width", 200):
-    print(table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+  with pd.option_context("display.width", 250, "display.max_colwidth", 200,
+                         "display.max_rows", None, "display.max_columns", None):
+    print(table.to_string(index=False, float_format=lambda v: f"{v:.3g}"))
   regressed = compare.is_regression(table, args.require_all)
-  print(f"verdict: {'REGRESSION' if regressed else 'no regression'} "
-        f"(threshold {args.threshold:.0%})")
+  print(f"verdict: {'REGRESSION' if regressed else 'no regression'} (alpha {args.alpha:g} over "
+        f"{table.attrs['tests']} tests, Holm-corrected; speed threshold {args.threshold:.0%})")
   return 1 if regressed else 0
 
 

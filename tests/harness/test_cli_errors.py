@@ -40,6 +40,7 @@ BAD_INPUTS = [
     (["summarize", "{tmp}/empty"], "holds no MLPerf results"),
     (["compare", "{tmp}/nothing.csv", "{tmp}/foreign.csv"], "no such file"),
     (["compare", "{tmp}/foreign.csv", "{tmp}/foreign.csv", "--threshold", "2"], "out of range"),
+    (["compare", "{tmp}/foreign.csv", "{tmp}/foreign.csv", "--alpha", "0"], "argument --alpha: 0.0 is out of range; allowed: 0 < alpha < 1"),
     (["check", "{tmp}/nothing.log"], "no such log file"),
     (["check", "{tmp}/file.txt"], "has no submission_benchmark line"),
     (["describe", "resnet50", "--set", "model.width=0"], "model.width=0 is out of range"),
