@@ -80,11 +80,10 @@ def gpu_present() -> bool:
 
 def gpu_rows(workloads) -> list:
   """bench/gpu_models.py's rows (bf16, reference shapes) in the table's columns, for the
-  workloads it has a builder of (build_<name>; it imports JAX, so it is read, not imported)."""
+  workloads whose folder has a bare step (workloads/<w>/bare_step.py; it imports JAX, so it is
+  found, not imported)."""
   script = os.path.join(ROOT, "bench", "gpu_models.py")
-  with open(script) as f:
-    text = f.read()
-  workloads = [w for w in workloads if f"\ndef build_{w}(" in text]
+  workloads = [w for w in workloads if registry.get(w).own_module("bare_step")]
   if not workloads:
     return []
   with tempfile.TemporaryDirectory() as tmp:

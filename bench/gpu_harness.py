@@ -9,7 +9,7 @@ For each workload, in this process tree and one after the other (one device):
   2. the bare step at the same per-device batch: `bench/gpu_models.py` (model, loss and plain
      optax, jit, one batch reused);
 then one table: samples/s and MFU of each, harness / bare (goal >= 0.95), the MFU goal and the
-public anchor (ANCHORS below: MLPerf Training results and NVIDIA's DeepLearningExamples, model
+public anchor (each workload's bare_step.ANCHOR: MLPerf Training results and NVIDIA's DeepLearningExamples, model
 FLOPs counted as `describe` counts them, against the bf16 peak), and the harness's MFU over the
 anchor's.
 
@@ -38,16 +38,10 @@ sys.path.insert(0, ROOT)
 
 from bench import gpu_models  # noqa: E402  pylint: disable=wrong-import-position
 
-# workload -> (MFU goal of issue 53, the anchor's MFU, its source). The anchors are per GPU.
-ANCHORS = {
-    "resnet50": (0.19, 0.192, "MLPerf v4.0 8x H200, MXNet + DALI, ~7,960 img/s a GPU "
-                              "(H100 ~7,160)"),
-    "bert": (0.40, 0.49, "MLPerf v4.0 H200 (FP8 matmuls, packed rows of 512)"),
-    "transformer": (0.40, 0.34, "DeepLearningExamples Transformer-big, PyTorch, A100 "
-                                "(MaxText Llama2-7B 8x H100: 0.497)"),
-    "ssd": (0.40, 0.45, "MLPerf v1.1 8x A100, MXNet"),
-    "efficientnet": (0.03, 0.029, "DeepLearningExamples EfficientNet-B0, TF2 + XLA, A100"),
-}
+# workload -> (MFU goal of issue 53, the anchor's MFU, its source), per GPU: each workload's
+# bare_step.ANCHOR (workloads/<w>/bare_step.py).
+ANCHORS = {name: (m.ANCHOR.mfu_goal, m.ANCHOR.mfu, m.ANCHOR.source)
+           for name, m in gpu_models.BARE_STEPS.items()}
 COLUMNS = ("workload", "device_kind", "batch", "harness_samples_per_s", "harness_mfu",
            "bare_samples_per_s", "bare_mfu", "harness_over_bare", "mfu_goal", "anchor_mfu",
            "mfu_over_anchor")

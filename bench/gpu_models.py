@@ -1,19 +1,14 @@
 """Training-step throughput and MFU of the JAX models on one accelerator, at the workloads'
-reference model shapes (every registered workload with a builder below):
-
-  resnet50      ResNet-50 v1.5, 224x224x3 images, 1000 classes            (SGD + momentum)
-  bert          BERT-large, sequence 512, 76 masked-LM positions          (AdamW)
-  transformer   Transformer (big), packed rows of 256 tokens, vocab 33708 (AdamW)
-  ssd           SSD300-ResNet34, 300x300x3 images, 8732 anchors, 81 classes (SGD + momentum)
-  efficientnet  EfficientNet-B0, 224x224x3 images, 1000 classes           (SGD + momentum)
+reference model shapes: every registered workload whose folder has a bare_step.py (its model,
+loss, synthetic batch, per-device batch and public anchor: workloads/common/jax_bare_step.py).
 
 Each step is the model's whole training step (forward, backward, optimizer update) compiled
 with jit, the state donated, on one synthetic batch of the input pipeline's shapes and dtypes
 (spec.batch_layout) reused every step; parameters float32, compute in --dtype (bfloat16 by
 default, as the reference presets' train.precision). The model and its train-mode call (batch
 norm statistics updated through mutable=['batch_stats'], dropout keyed per step) are built as
-each workload's jax_trainer.py builds them; the losses are the trainers' (bert's and
-transformer's from their jax_model, ssd's copied below); the optimizer is plain optax SGD with
+each workload's jax_trainer.py builds them; the losses are the trainers' (from each
+workload's jax_model and common/jax_top1); the optimizer is plain optax SGD with
 momentum or AdamW in place of the recipes' LARS / LAMB / RMSProp / TF-Adam (an elementwise
 update, small next to the model), and EfficientNet's weight EMA is left out.
 
@@ -28,8 +23,9 @@ then 1.
 
 It runs outside the harness (no driver, trainer, recipe optimizer or input pipeline): it is the
 bare-step peer bench/gpu_harness.py measures the harness's own synthetic run against. It imports
-workloads.<w>.jax_model (model and loss), .spec, workloads.common.jax_top1 and
-transformer.mini_corpus (the synthetic packed rows); no TensorFlow.
+workloads.<w>.bare_step (and through it the workload's jax_model and spec,
+workloads.common.jax_top1, transformer.mini_corpus for the synthetic packed rows); no
+TensorFlow.
 
   python bench/gpu_models.py [--workloads bert,efficientnet,resnet50,ssd,transformer]
       [--steps 20] [--batch resnet50=256,bert=32] [--dtype bfloat16|float32]
@@ -38,6 +34,7 @@ transformer.mini_corpus (the synthetic packed rows); no TensorFlow.
 import argparse
 import csv
 import gc
+import importlib
 import logging
 import os
 import sys
@@ -60,8 +57,6 @@ from bench import trace_summary  # noqa: E402  pylint: disable=wrong-import-posi
 from harness import registry  # noqa: E402  pylint: disable=wrong-import-position
 from workloads.parallel import jax_flops  # noqa: E402  pylint: disable=wrong-import-position
 
-# Per-device batches that fit an 80 GB GPU in bf16 without rematerialisation.
-DEFAULT_BATCH = {"resnet50": 256, "bert": 32, "transformer": 64, "ssd": 64, "efficientnet": 128}
 WARMUP_STEPS = 2
 PROFILE_STEPS = 3                 # steps traced by --profile, after the timed ones
 # XLA's backend optimisation level 0 for the one-off parameter initialisation (as
@@ -88,147 +83,17 @@ def memory_gb(compiled):
     return None
 
 
-# ----------------------------------------------------------------------------- losses
-
 # ----------------------------------------------------------------------------- workloads
-# Each builder -> a dict:
-#   init(key) -> variables ({'params': ..., 'batch_stats': ...} for batch-norm models)
-#   loss(params, batch_stats or None, batch, dropout_key) -> (loss, new batch_stats or None)
-#   batch: numpy arrays of spec.batch_layout's shapes and dtypes (as input_pipeline's
-#          synthetic_batch makes them)
-#   tx: the optax optimizer;  shapes: a one-line description of the inputs
-
-def _images(rng, batch, size):
-  return rng.standard_normal((batch, size, size, 3), dtype=np.float32)
-
-
-def _classifier(spec, cfg, model, batch, rng, shapes, dropout):
-  """An image classifier's builder dict: top-1's label-smoothed cross entropy, SGD."""
-  from workloads.common import jax_top1
-  m, size = cfg.model, cfg.data.image_size
-  smoothing = cfg.optimizer.label_smoothing
-
-  def loss(params, batch_stats, b, key):
-    rngs = {"dropout": key} if dropout else {}
-    logits, updates = model.apply({"params": params, "batch_stats": batch_stats}, b["image"],
-                                  train=True, mutable=["batch_stats"], rngs=rngs)
-    return (jax_top1.cross_entropy(logits, b["label"], m.num_classes, smoothing),
-            updates["batch_stats"])
-
-  data = {"image": _images(rng, batch, size),
-          "label": rng.integers(0, m.num_classes, (batch,)).astype(np.int32)}
-  return dict(spec=spec, cfg=cfg,
-              init=lambda key: model.init(key, jnp.zeros((1, size, size, 3)), train=False),
-              loss=loss, batch=data, tx=optax.sgd(1e-3, momentum=0.9),
-              shapes=f"{shapes}image {batch}x{size}x{size}x3 f32, label {batch} i32")
-
-
-def build_resnet50(batch, dtype, rng):
-  from workloads.resnet import jax_model, spec
-  cfg = spec.SPEC.configure(*SHAPES)
-  model = jax_model.build(cfg, dtype)
-  return _classifier(spec, cfg, model, batch, rng, "", dropout=False)
-
-
-def build_bert(batch, dtype, rng):
-  from workloads.bert import jax_model, spec
-  cfg = spec.SPEC.configure(*SHAPES)
-  model = jax_model.build(cfg, dtype)
-  seq, preds = cfg.data.max_seq_length, cfg.data.max_predictions_per_seq
-  vocab = cfg.model.vocab_size
-
-  def init(key):
-    ids = jnp.zeros((1, seq), jnp.int32)
-    return model.init(key, ids, ids, ids, jnp.zeros((1, preds), jnp.int32))
-
-  def loss(params, batch_stats, b, key):
-    del batch_stats
-    mlm_logits, nsp_logits = model.apply(
-        {"params": params}, b["input_ids"], b["input_mask"], b["segment_ids"],
-        b["masked_lm_positions"], train=True, rngs={"dropout": key})
-    return jax_model.pretraining_loss(mlm_logits, nsp_logits, b), None
-
-  # bert input_pipeline.synthetic_batch: every position real, two segments
-  data = {"input_ids": rng.integers(0, vocab, (batch, seq)).astype(np.int32),
-          "input_mask": np.ones((batch, seq), np.int32),
-          "segment_ids": np.repeat((np.arange(seq) >= seq // 2).astype(np.int32)[None], batch, 0),
-          "masked_lm_positions": np.sort(rng.integers(1, seq, (batch, preds)), 1).astype(np.int32),
-          "masked_lm_ids": rng.integers(0, vocab, (batch, preds)).astype(np.int32),
-          "masked_lm_weights": np.ones((batch, preds), np.float32),
-          "next_sentence_labels": rng.integers(0, 2, (batch,)).astype(np.int32)}
-  return dict(spec=spec, cfg=cfg, init=init, loss=loss, batch=data,
-              tx=optax.adamw(1e-4, weight_decay=0.01),
-              shapes=f"7 features: ids/mask/segments {batch}x{seq} i32, {preds} masked-LM slots")
-
-
-def build_transformer(batch, dtype, rng):
-  from workloads.transformer import jax_model, mini_corpus, spec
-  cfg = spec.SPEC.configure(*SHAPES)
-  model = jax_model.build(cfg, dtype)
-  length, smoothing = cfg.data.max_length, cfg.optimizer.label_smoothing
-
-  def init(key):
-    ids = jnp.zeros((1, length), jnp.int32)
-    return model.init(key, ids, ids)
-
-  def loss(params, batch_stats, b, key):
-    del batch_stats
-    logits = model.apply({"params": params}, b["inputs"], b["targets"], train=True,
-                         packed=spec.packed_features(b), rngs={"dropout": key})
-    total, count = jax_model.smoothed_cross_entropy(logits, b["targets"], smoothing)
-    return total / jnp.maximum(count, 1.0), None
-
-  if cfg.data.packing:
-    data = mini_corpus.synthetic_packed(rng, cfg.model.vocab_size, batch, length)
-  else:
-    ids = lambda: rng.integers(2, cfg.model.vocab_size, (batch, length)).astype(np.int32)
-    data = {"inputs": ids(), "targets": ids()}
-  kind = "packed rows" if cfg.data.packing else "rows"
-  return dict(spec=spec, cfg=cfg, init=init, loss=loss, batch=data,
-              tx=optax.adamw(1e-4, weight_decay=0.01),
-              shapes=f"{batch} {kind} x {length} tokens ({len(data)} i32 features), "
-                     f"vocab {cfg.model.vocab_size}")
-
-
-def build_ssd(batch, dtype, rng):
-  from workloads.ssd import jax_model, spec
-  cfg = spec.SPEC.configure(*SHAPES)
-  model = jax_model.build(cfg, dtype)
-  size, anchors, classes = cfg.data.image_size, spec.num_anchors(cfg), cfg.model.num_classes
-
-  def loss(params, batch_stats, b, key):
-    del key
-    (locs, logits), updates = model.apply({"params": params, "batch_stats": batch_stats},
-                                          b["image"], train=True, mutable=["batch_stats"])
-    return jax_model.ssd_loss(locs, logits, b["boxes"], b["labels"]), updates["batch_stats"]
-
-  # ssd input_pipeline.synthetic_batch: ~1% positive anchors with random classes
-  positive = rng.random((batch, anchors)) < 0.01
-  labels = np.where(positive, rng.integers(1, classes, (batch, anchors)), 0).astype(np.int32)
-  data = {"image": _images(rng, batch, size),
-          "boxes": rng.standard_normal((batch, anchors, 4), dtype=np.float32),
-          "labels": labels}
-  return dict(spec=spec, cfg=cfg,
-              init=lambda key: model.init(key, jnp.zeros((1, size, size, 3)), train=False),
-              loss=loss, batch=data, tx=optax.sgd(1e-3, momentum=0.9),
-              shapes=f"image {batch}x{size}x{size}x3 f32, {anchors} anchors x {classes} classes")
-
-
-def build_efficientnet(batch, dtype, rng):
-  from workloads.efficientnet import jax_model, spec
-  cfg = spec.SPEC.configure(*SHAPES)
-  model = jax_model.build(cfg, dtype)
-  return _classifier(spec, cfg, model, batch, rng, f"{cfg.model.variant}: ", dropout=True)
-
-
-# workload -> its builder, build_<name> above, for each registered workload that has one (in the
-# registry's order). The builders are per workload by necessity: a model's train-mode call, its
-# loss and its batch's value ranges live in jax_trainer.py and input_pipeline.py, which import
-# TensorFlow (absent from the GPU image). A registered workload without one is listed as such.
-BUILDERS = {name: globals()[f"build_{name}"] for name in registry.names()
-            if f"build_{name}" in globals()}
-WORKLOADS = tuple(BUILDERS)
-assert set(DEFAULT_BATCH) == set(BUILDERS), "every builder has a default per-device batch"
+# workload -> its bare step module, workloads/<w>/bare_step.py (workloads/common/jax_bare_step.py
+# says what one holds), for each registered workload that has one, in the registry's order. Each
+# is the workload's own by necessity: a model's train-mode call, its loss and its batch's value
+# ranges live in jax_trainer.py and input_pipeline.py, which import TensorFlow (absent from the
+# GPU image). A registered workload without one is listed as such.
+BARE_STEPS = {name: importlib.import_module(module) for name in registry.names()
+              for module in [registry.get(name).own_module("bare_step")] if module}
+WORKLOADS = tuple(BARE_STEPS)
+# Per-device batches that fit an 80 GB GPU in bf16 without rematerialisation (each module's).
+DEFAULT_BATCH = {name: module.GPU_BATCH for name, module in BARE_STEPS.items()}
 
 
 # ----------------------------------------------------------------------------- the step
@@ -314,7 +179,7 @@ def profile(name, batch, compiled, state, data, step_s, path):
 def bench(name, batch, dtype, steps, seed=0, profile_path=None):
   """-> the table row of one workload (and, with `profile_path`, its trace summary there)."""
   t0 = time.perf_counter()
-  w = BUILDERS[name](batch, dtype, np.random.default_rng(seed + 1))
+  w = BARE_STEPS[name].build(batch, dtype, np.random.default_rng(seed + 1), SHAPES)
   check_layout(w["spec"], w["cfg"], w["batch"], batch)
   tx = w["tx"]
 
@@ -434,10 +299,10 @@ def main(argv=None):
   names = [n.strip() for n in args.workloads.split(",") if n.strip()]
   unknown = [n for n in names if n not in WORKLOADS]
   if unknown or not names:
-    unbuilt = [n for n in registry.names() if n not in BUILDERS]
+    unbuilt = [n for n in registry.names() if n not in BARE_STEPS]
     raise SystemExit(f"--workloads {args.workloads!r}: allowed a comma list of "
                      f"{', '.join(WORKLOADS)}" + (f" ({', '.join(unbuilt)}: registered, but "
-                                                  "no build_<name> here)" if unbuilt else ""))
+                                                  "no bare_step.py in its folder)" if unbuilt else ""))
   if args.steps < 1:
     raise SystemExit("--steps: allowed a positive integer")
   batches = parse_batches(args.batch)

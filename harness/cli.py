@@ -1,4 +1,5 @@
-"""The command line: run, list, describe, summarize, compare, check, report, simulate, package.
+"""The command line: run, list, describe, summarize, compare, ab, changepoints, check, report,
+simulate, package, predict.
 
 Every user error becomes one line `run_benchmark.py: error: ...` and exit code 2, raised
 before any log or result file is opened.
@@ -162,13 +163,54 @@ def build_parser():
   p.add_argument("--require-all", action="store_true",
                  help="also fail when NEW lacks a workload/framework/preset of BASELINE, or "
                       "has too few runs to test it")
+  p.add_argument("--convergence-only", action="store_true",
+                 help="gate convergence alone (speeds printed, not tested): for CSVs of two "
+                      "machines, whose speeds measure the machines (`ab` gates speed on one)")
+
+  p = sub.add_parser(
+      "ab", help="same-machine A/B: commit REF against the working tree, ABBA rounds, then "
+                 "compare (exit 1)",
+      description="Run the baseline commit REF (a git worktree of it in a temporary folder, "
+                  "removed after, with this Python) and the working tree as it is, on this "
+                  "machine, one run at a time, interleaved per workload and framework in ABBA "
+                  "rounds (A B B A A B ...: a drift of the machine falls on both sides alike); "
+                  "round r of both sides uses seed SEED+r, so samples to target compare run by "
+                  "run. Writes OUT/base.csv, OUT/new.csv, OUT/schedule.csv (the order run), the "
+                  "logs and each run's output, then gates the two CSVs as `compare` does (exit 1 "
+                  "on a regression, 128+N when signal N stopped it).")
+  p.add_argument("ref", metavar="REF", help="the baseline: a commit, branch or tag (HEAD~1, "
+                                            "origin/main, a sha)")
+  p.add_argument("--workloads", metavar="W,W", help="comma-separated (default: every registered "
+                                                    "one, as `list --names`)")
+  p.add_argument("--frameworks", metavar="F,F", default="jax,tf",
+                 help="comma-separated (default: jax,tf)")
+  p.add_argument("--preset", default="mini", help="every run's preset (default mini)")
+  p.add_argument("--rounds", type=_positive_int, metavar="N",
+                 help="runs per side of each workload and framework (default: the workload's "
+                      "ruleset run count, rules/<benchmark>.yaml runs_required)")
+  p.add_argument("--seed", type=_int, default=100,
+                 help="seed of round 0 on both sides (default 100, the committed baseline's)")
+  p.add_argument("--steps", type=_positive_int, help="cap on training steps, as run's")
+  p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                 help="a config override for every run, as run's (repeatable)")
+  p.add_argument("--cpu-devices", type=_positive_int, metavar="N", help="as run's")
+  p.add_argument("--mesh", metavar="AXES", help="as run's")
+  p.add_argument("--data-dir", help="as run's (the reference preset)")
+  p.add_argument("--system", help="system name in both sides' rows, as run's (default: the "
+                                  "host name)")
+  p.add_argument("--out", metavar="DIR", help="a new folder for the CSVs, logs and outputs "
+                 "(default results/ab/<REF short sha>-<UTC time>)")
+  p.add_argument("--threshold", type=_fraction, default=0.03, help="as compare's (default 0.03)")
+  p.add_argument("--alpha", type=_alpha, default=0.05, help="as compare's (default 0.05)")
+  p.add_argument("--require-all", action="store_true", help="as compare's")
 
   p = sub.add_parser("report", help="HTML page with plots from result CSVs",
                      description="Render result CSVs (and the logs their rows point to) into "
                                  "one self-contained HTML page: olympic scores, eval curves with "
-                                 "the target, time-to-train per run, history across commits, "
-                                 "and with --baseline a baseline-vs-new comparison; with --bench "
-                                 "the peer-comparison table of bench/all.py.")
+                                 "the target, time-to-train per run, history across commits "
+                                 "with its change points (as `changepoints`), and with "
+                                 "--baseline a baseline-vs-new comparison; with --bench the "
+                                 "peer-comparison table of bench/all.py.")
   p.add_argument("csvs", nargs="*", metavar="CSV", help="result CSVs (the last is 'new')")
   p.add_argument("--out", default="report", help="output folder (writes index.html)")
   p.add_argument("--baseline", help="baseline result CSV to compare the last CSV against")
@@ -177,6 +219,19 @@ def build_parser():
   p.add_argument("--threshold", type=_fraction, default=0.03,
                  help="smallest speed loss the comparison fails for, as compare's (default "
                       "0.03)")
+
+  p = sub.add_parser(
+      "changepoints", help="change points of a result history across commits",
+      description="Find where a history's throughput, time to train and samples to target "
+                  "changed, and at which commit: E-divisive means (Matteson & James 2014, as "
+                  "MongoDB's and Apache Otava's performance CI), per (system, workload, "
+                  "framework, preset) and measure, one point per commit (the median of its "
+                  "successful runs, commits in the order they first appear), a change needing "
+                  "3 commits on each side. Each series is tested at ALPHA / (number of series), "
+                  "so ALPHA bounds the chance that a history without a change shows any.")
+  p.add_argument("csvs", nargs="+", metavar="CSV", help="result CSVs (rows with git_commit)")
+  p.add_argument("--alpha", type=_alpha, default=0.05,
+                 help="false change points of the whole analysis (default 0.05)")
 
   p = sub.add_parser("check", help="official MLPerf checks of a log or a submission (exit 0/1)",
                      description="A log: mlperf_logging's compliance checker with the ruleset "
@@ -559,15 +614,112 @@ def cmd_summarize(args):
 
 def cmd_compare(args):
   from harness import compare
-  table = compare.compare(args.baseline, args.new, args.threshold, args.alpha)
+  return _gate(compare.compare(args.baseline, args.new, args.threshold, args.alpha,
+                               speed=not args.convergence_only), args)
+
+
+def _gate(table, args):
+  """compare's table and verdict printed; the exit status (1 on a regression)."""
+  from harness import compare
   import pandas as pd
   with pd.option_context("display.width", 250, "display.max_colwidth", 200,
                          "display.max_rows", None, "display.max_columns", None):
     print(table.to_string(index=False, float_format=lambda v: f"{v:.3g}"))
   regressed = compare.is_regression(table, args.require_all)
   print(f"verdict: {'REGRESSION' if regressed else 'no regression'} (alpha {args.alpha:g} over "
-        f"{table.attrs['tests']} tests, Holm-corrected; speed threshold {args.threshold:.0%})")
+        f"{table.attrs['tests']} tests, Holm-corrected; " + (
+            f"speed threshold {args.threshold:.0%})" if table.attrs["speed"] else
+            "convergence only: speed not gated)"))
   return 1 if regressed else 0
+
+
+def _listed(text, allowed, flag, what):
+  """A comma-separated list of names, each one of `allowed` (UsageError naming the first that
+  is not), in the order given, without repeats."""
+  names = [n.strip() for n in text.split(",") if n.strip()]
+  if not names:
+    raise UsageError(f"{flag} {text!r} names no {what}; allowed: {', '.join(allowed)}")
+  for name in names:
+    if name not in allowed:
+      raise UsageError(f"{flag}: unknown {what} {name!r}; allowed: {', '.join(allowed)}")
+  return list(dict.fromkeys(names))
+
+
+def ab_groups(args):
+  """`ab`'s groups [(workload, framework)], rounds {workload: runs per side} and the arguments
+  every run gets, each group's config checked as its `run` would build it (UsageError)."""
+  workloads = (_listed(args.workloads, registry.names(), "--workloads", "workload")
+               if args.workloads is not None else registry.names())
+  frameworks = _listed(args.frameworks, list(config_lib.FRAMEWORKS), "--frameworks",
+                       "framework")
+  run_args = ["--preset", args.preset]
+  for item in args.overrides:
+    run_args += ["--set", item]
+  for flag, value in (("--steps", args.steps), ("--cpu-devices", args.cpu_devices),
+                      ("--mesh", args.mesh), ("--system", args.system),
+                      ("--data-dir", args.data_dir and os.path.abspath(args.data_dir))):
+    if value is not None:
+      run_args += [flag, str(value)]
+  groups = [(w, f) for w in workloads for f in frameworks]
+  parser = build_parser()
+  for workload, framework in groups:       # the new side's configs, as its runs will build them
+    run = parser.parse_args(["run", workload, "--framework", framework, *run_args])
+    spec, cfg = _workload_config(run)
+    _check_data_dir(spec, cfg, run)
+  rounds = {w: args.rounds or rules.load(registry.get(w).mlperf_benchmark).runs_required
+            for w in workloads}
+  return groups, rounds, run_args
+
+
+def cmd_ab(args):
+  """Every check first (names, each group's config, REF, OUT), then the runs, then compare's
+  gate."""
+  import datetime
+  from harness import ab, compare
+  groups, rounds, run_args = ab_groups(args)
+  sha, short = ab.resolve(args.ref)
+  out = args.out or os.path.join("results", "ab", short + "-" + datetime.datetime.now(
+      datetime.timezone.utc).strftime("%Y%m%dT%H%M%S"))
+  made = ab.check_out_dir(out)
+  plan = ab.Plan(args.ref, sha, short, groups, rounds, args.seed, out, run_args)
+  total = 2 * sum(rounds[w] for w, _ in groups)
+  print(f"A/B in {out}: A = REF {args.ref} ({short}), B = {ab.working_tree()}; {total} runs "
+        f"in ABBA rounds, seeds from {args.seed}", flush=True)
+  with ab.stop_on_signals():
+    try:
+      lost = ab.run(plan, echo=lambda line: print(line, flush=True))
+    except UsageError:
+      if made and not os.path.exists(os.path.join(out, "schedule.csv")):   # no run started
+        import shutil
+        shutil.rmtree(out, ignore_errors=True)
+      raise
+    except ab.Stopped as e:
+      print(f"run_benchmark.py: {e} received: the A/B stopped, its worktree removed; the rows "
+            f"so far are in {plan.base_csv} and {plan.new_csv}", file=sys.stderr)
+      return faults.signal_exit_status(e.signum)
+  if lost:
+    print(f"{lost} run(s) ended without a row (their output: {out}/output/)")
+  if not (os.path.exists(plan.base_csv) and os.path.exists(plan.new_csv)):
+    print(f"no rows to compare: a side recorded none (outputs in {out}/output/)")
+    return errors.EXIT_ABORTED
+  return _gate(compare.compare(plan.base_csv, plan.new_csv, args.threshold, args.alpha), args)
+
+
+def cmd_changepoints(args):
+  from harness import changepoints, results
+  import pandas as pd
+  frame = pd.concat([results.read_csv(p) for p in args.csvs], ignore_index=True)
+  analysis = changepoints.analyse(frame, args.alpha)
+  print(changepoints.describe(analysis))
+  if analysis.changes.empty:
+    print("no change point found")
+    return 0
+  shown = analysis.changes.assign(first_seen=analysis.changes["first_seen"].dt.strftime(
+      "%Y-%m-%d %H:%M"), change=analysis.changes["change"].map(lambda v: f"{v:+.1%}"))
+  with pd.option_context("display.width", 250, "display.max_rows", None,
+                         "display.max_columns", None):
+    print(shown.to_string(index=False, float_format=lambda v: f"{v:.6g}"))
+  return 0
 
 
 def cmd_report(args):
@@ -615,7 +767,7 @@ def cmd_predict(args):
 COMMANDS = {"run": cmd_run, "list": cmd_list, "describe": cmd_describe,
             "summarize": cmd_summarize, "compare": cmd_compare, "check": cmd_check,
             "report": cmd_report, "simulate": cmd_simulate, "package": cmd_package,
-            "predict": cmd_predict}
+            "predict": cmd_predict, "ab": cmd_ab, "changepoints": cmd_changepoints}
 
 
 def main(argv=None) -> int:

@@ -28,7 +28,10 @@ when its corrected test rejects AND a measure's ratio shows a loss of at least `
 level at all (e.g. 1 run against 1) is "too few runs", not a silent pass. The new side without
 a successful run where the baseline had one is "regression (no successful run)"; a key the new
 CSV lacks is `missing`. Both "too few runs" and `missing` fail the gate only with require_all (a
-CI job that must gate every baseline workload).
+CI job that must gate every baseline workload). With speed=False (`--convergence-only`) only
+convergence decides: for CSVs from two machines, whose speeds measure the machines (the CI gates
+speed by a same-machine A/B, harness/ab.py, and checks convergence against the committed
+baseline).
 """
 import dataclasses
 import functools
@@ -306,13 +309,16 @@ def group_figures(base: Side, new: Side | None, alpha: float) -> Group:
   return group
 
 
-def decide(groups: list, threshold: float, alpha: float, detectable: bool = True) -> list:
+def decide(groups: list, threshold: float, alpha: float, detectable: bool = True,
+           speed: bool = True) -> list:
   """Each group's verdict and figures, the family corrected: a list of dicts (without the
-  detectable loss when not `detectable`: the gate's estimator needs only the verdicts)."""
+  detectable loss when not `detectable`: the gate's estimator needs only the verdicts). Not
+  `speed`: convergence alone decides (two machines' CSVs: their speeds measure the machines),
+  the speed figures are printed but no speed test joins the family."""
   # A speed test whose run counts cannot reach alpha even alone is left out of the family: no
   # procedure could reject it, so it cannot add a false alarm, and counting it would only
   # tighten the others' level (Tarone 1990).
-  family = [g.speed.p_loss if g.speed and g.speed.min_p <= alpha else math.nan
+  family = [g.speed.p_loss if speed and g.speed and g.speed.min_p <= alpha else math.nan
             for g in groups] + [g.rcp["p"] if g.rcp else math.nan for g in groups]
   adjusted = holm(family)
   m = int(np.count_nonzero(~np.isnan(adjusted)))
@@ -327,7 +333,7 @@ def decide(groups: list, threshold: float, alpha: float, detectable: bool = True
       hl, lo, hi = g.ratios.get(name, (math.nan,) * 3)
       row[f"{key}_ratio"], row[f"{key}_lo"], row[f"{key}_hi"] = hl, lo, hi
     reasons = []
-    if g.speed is not None and detectable:
+    if g.speed is not None and detectable and speed:
       row["detectable_loss"] = max(threshold, detectable_loss(
           g.base.speeds(), g.new.speeds(), g.speed, level))
     if g.speed is not None and p_speed <= alpha:   # nan (left out) compares False
@@ -348,6 +354,8 @@ def decide(groups: list, threshold: float, alpha: float, detectable: bool = True
         parts.append("convergence " + conv)
       if parts:
         verdict = "; ".join(parts)
+      elif not speed:
+        verdict = "ok"
       elif g.speed is not None and g.speed.min_p > level:
         verdict = (f"too few runs ({g.base.success} vs {g.new.success}: the smallest possible p, "
                    f"{g.speed.min_p:.3g}, is above the corrected level {level:.3g})")
@@ -395,8 +403,8 @@ COLUMNS = ["runs_base", "runs_new", "ttt_s_base", "ttt_s_new", "ttt_ratio", "thr
 
 
 def compare_frames(base_frame: pd.DataFrame, new_frame: pd.DataFrame,
-                   threshold: float = DEFAULT_THRESHOLD, alpha: float = DEFAULT_ALPHA
-                   ) -> pd.DataFrame:
+                   threshold: float = DEFAULT_THRESHOLD, alpha: float = DEFAULT_ALPHA,
+                   speed: bool = True) -> pd.DataFrame:
   new_groups = {key: rows for key, rows in new_frame.groupby(KEYS)}
   keys, groups, rows = [], [], []
   for key, rows_base in base_frame.groupby(KEYS):  # keys only the new side has: not gated
@@ -408,7 +416,7 @@ def compare_frames(base_frame: pd.DataFrame, new_frame: pd.DataFrame,
                  "ttt_s_base": _median(base.ttt_s), "ttt_s_new": _median(new.ttt_s) if new
                  else math.nan, "throughput_base": _median(base.throughput),
                  "throughput_new": _median(new.throughput) if new else math.nan})
-  for row, decided in zip(rows, decide(groups, threshold, alpha)):
+  for row, decided in zip(rows, decide(groups, threshold, alpha, speed=speed)):
     row.update(decided)
     row["ttt_ratio"] = row["ttt_s_new"] / row["ttt_s_base"]
   table = pd.DataFrame(rows, columns=COLUMNS)
@@ -416,7 +424,7 @@ def compare_frames(base_frame: pd.DataFrame, new_frame: pd.DataFrame,
   table.insert(0, "framework", [k[1] for k in keys])
   table.insert(0, "workload", [k[0] for k in keys])
   tests = sum(pd.notna(r["p_speed_adj"]) + pd.notna(r["p_conv_adj"]) for r in rows)
-  table.attrs.update(threshold=threshold, alpha=alpha, tests=int(tests))
+  table.attrs.update(threshold=threshold, alpha=alpha, tests=int(tests), speed=speed)
   return table
 
 
@@ -426,9 +434,9 @@ def _median(values):
 
 
 def compare(baseline_path: str, new_path: str, threshold: float = DEFAULT_THRESHOLD,
-            alpha: float = DEFAULT_ALPHA) -> pd.DataFrame:
+            alpha: float = DEFAULT_ALPHA, speed: bool = True) -> pd.DataFrame:
   return compare_frames(results.read_csv(baseline_path), results.read_csv(new_path),
-                        threshold, alpha)
+                        threshold, alpha, speed)
 
 
 FAILING = ("regression", "convergence changed")

@@ -9,16 +9,20 @@ A prediction carries each measured run to the target, every factor from a stated
   steps     ceil(samples / B_target)
   step      the run's own steady step (its training time, evals excluded, over its steps) x
             model(target) / model(source): the model is the compute at b examples a chip (a
-            fixed part and the rest per example, over the presets' bf16 peak ratio) plus the
-            gradient all-reduce the simulator exposes after the backward pass
-            (commsim/step.py); on the measured system it is 1. A source on a CPU, simulated
+            fixed part, the floor and the optimizer's update over the chip's HBM bandwidth,
+            and the rest per example, over the presets' bf16 peak ratio) plus the gradient
+            all-reduce the simulator exposes after the backward pass (commsim/step.py) and
+            DLRM's all-to-alls; a layout (GPT-3) splits the work and the gradient over
+            replicas; the benchmark's figures come from its workload's mlperf_figures.py or
+            predict_figures.json; on the measured system it is 1. A source on a CPU, simulated
             devices or a chip without a preset needs the step measured on the target's chip
             (step_s) for any other accelerator
   evals     the run's evals x the samples ratio, each its own eval time scaled to the target's
             chips as a step's compute is
   time      the olympic mean of the runs carried over (the runs the official summarizer does
             not count still count as failed), x the source's scaling.json: on the measured
-            system at its batch it is the measured score
+            system at its batch it is the measured score; a range of 2 standard errors of
+            the runs' and the RCP's spread
 
 Everything here is plain Python (numpy, the simulator, mlperf_logging's files): no framework.
 """
@@ -38,23 +42,32 @@ from harness import summarize
 from harness.commsim import machine as machine_lib, step as step_lib, tables
 from harness.errors import UsageError
 
-# The part of a step that does not shrink with the examples a chip computes (launches, the
-# optimizer's update, batch-norm and loss reductions, the host loop), and of an eval (its
-# start, the metric's reduction): one value for every benchmark and machine, stated, not
-# fitted per family; the backtest (docs/simulator.md) shows what it gets right and wrong.
-STEP_FIXED_S = 0.004
+# The part of an eval that does not shrink with the chips (its start, the metric's
+# reduction): one value for every benchmark and machine, assumed (not fitted on any row).
 EVAL_FIXED_S = 0.2
-GRADIENT_BYTES = 4                 # float32 gradients (the v0.7-v4.0 TPU and GPU submissions)
+GRADIENT_BYTES = 4                 # float32 gradients (the references' precision)
 SPLIT_TENSORS = 64                 # the gradient spread evenly over this many tensors (buckets)
+EMBEDDING_BYTES = 4                # float32 pooled vectors in DLRM's all-to-all (the reference)
 
-# The parameters a benchmark's gradient all-reduce moves (its model, as this harness builds
-# it: docs/workloads/*.md). Benchmarks without one are refused by name.
-PARAMETERS = {"resnet": 25_557_032, "bert": 336_226_108, "transformer": 210_804_736,
-              "ssd": 19_972_534}
-NO_MODEL = {"dlrm": "its embedding tables are model-parallel (no gradient all-reduce to "
-                    "simulate), and DLRM (v0.7-v2.1) is not a workload here",
-            "dlrm_dcnv2": "its embedding tables are model-parallel (no gradient all-reduce "
-                          "to simulate)"}
+# Bytes of memory traffic a parameter costs the optimizer's update (float32 state): read the
+# weight and its gradient and each slot, write the weight and each slot. Momentum SGD/LARS
+# and Adagrad hold one slot (5 x 4 B), Adam and LAMB two (7 x 4 B). An update reads and
+# writes each once: memory-bound, so its time is these bytes over the chip's HBM bandwidth.
+OPTIMIZER_BYTES = {"sgd": 20, "nag": 20, "lars": 20, "sgd_with_momentum": 20, "adagrad": 20,
+                   "adam": 28, "adamw": 28, "lamb": 28}
+DEFAULT_OPTIMIZER_BYTES = 28       # an optimizer not named above: Adam's two slots (said so)
+
+# The range a prediction states: this many standard errors of predicted - measured (about 95%
+# of measured scores inside it, were the step model exact and the runs' times normal).
+RANGE_SIGMAS = 2.0
+
+# A step's floor besides the optimizer's update: kernel launches, the host loop, batch-norm
+# and loss reductions, which no figure here gives. Not from a spec: the value chosen among 1,
+# 2 and 4 ms on the v0.7 Google TPU rows of the backtest (fitted on development data); without
+# it the backtest's median |error| is 22.4% instead of 13.2% (docs/simulator.md).
+LAUNCH_FLOOR_S = 0.004
+
+FIGURES_FILE = os.path.join(os.path.dirname(__file__), "predict_figures.json")
 
 
 @dataclasses.dataclass
@@ -87,6 +100,10 @@ class Measured:
   per_node: int = 8       # accelerators a node (the system description's)
   scaling: float = 1.0    # scaling.json: the RCP normalisation applied to its score
   path: str = ""          # the benchmark folder, or the CSV
+  network: tuple | None = None   # (NICs a node, bytes/s each) from its system description
+  optimizer: str = ""     # the log's opt_name
+  grad_accum: int = 1     # the log's gradient_accumulation_steps
+  epoch_note: str = ""    # how an epoch was read where the log's train_samples is no epoch
 
   @property
   def per_chip(self) -> float:
@@ -101,6 +118,68 @@ class Measured:
     the converged ones, so that a prediction is still made (its measured score is None)."""
     runs = [r for r in self.runs if r.counted] or self.converged()
     return runs, len(self.runs) - len(runs)
+
+
+# ----------------------------------------------------------------------------- figures
+
+def _round_key(text):
+  return tuple(int(x) for x in str(text).split(".")[:2])
+
+
+def _in_rounds(rounds, round_) -> bool:
+  """A figure's (first, last) rounds (None: open) hold for `round_` ('' for this harness's CSV:
+  the workload's own model, every figure holds)."""
+  if not round_:
+    return True
+  first, last = rounds
+  here = _round_key(round_)
+  return (first is None or here >= _round_key(first)) and (last is None or
+                                                           here <= _round_key(last))
+
+
+def _workload_figures():
+  """FIGURES of every workload folder that has a mlperf_figures.py (found through the
+  registry, as bench/gpu_models.py finds bare_step: no list here names a workload)."""
+  import importlib                                # pylint: disable=import-outside-toplevel
+  from harness import registry
+  out = []
+  for name in registry.names():
+    module = registry.get(name).own_module("mlperf_figures")
+    if module:
+      out.append(dict(importlib.import_module(module).FIGURES, workload=name))
+  return out
+
+
+def figures(benchmark: str, round_: str = "") -> dict:
+  """What predict needs of an MLPerf benchmark's model at a round: this harness's workload's
+  mlperf_figures.py where one is that benchmark's model at that round, else the entry of
+  harness/predict_figures.json. A benchmark with neither, or one the table refuses, is one line
+  naming the reason."""
+  for fig in _workload_figures():
+    if fig["benchmark"] == benchmark and _in_rounds(fig["rounds"], round_):
+      return fig
+  with open(FIGURES_FILE) as f:
+    table = json.load(f)["benchmarks"]
+  for fig in table:
+    if fig["benchmark"] != benchmark:
+      continue
+    if "refused" in fig:
+      raise UsageError(f"{benchmark}: {fig['refused']}")
+    if _in_rounds(fig["rounds"], round_):
+      return fig
+  known = sorted({f["benchmark"] for f in table if "refused" not in f}
+                 | {f["benchmark"] for f in _workload_figures()})
+  at = f" at round {round_}" if round_ else ""
+  raise UsageError(f"{benchmark}: no parameter count{at} (neither a workload's "
+                   f"mlperf_figures.py nor harness/predict_figures.json has it); allowed: "
+                   f"{', '.join(known)}")
+
+
+def _figures_or_none(benchmark, round_):
+  try:
+    return figures(benchmark, round_)
+  except UsageError:
+    return None
 
 
 # ----------------------------------------------------------------------------- reading
@@ -155,8 +234,11 @@ def read_log(path, ruleset) -> tuple[Run, dict]:
   for line in lines:
     key = line.key
     stamp = _number(line.timestamp, f"{key}'s time_ms", path)
-    if key in ("global_batch_size", "train_samples") and key not in keys:
+    if key in ("global_batch_size", "train_samples", "gradient_accumulation_steps") \
+        and key not in keys:
       keys[key] = _number(_value(line), key, path)
+    if key == "opt_name" and key not in keys:
+      keys[key] = str(_value(line)).lower()
     if key == "train_samples" and start is not None:
       # logged after run_start (NVIDIA's v1.0 BERT, at the end): the samples trained
       keys["train_samples_end"] = _number(_value(line), key, path)
@@ -191,18 +273,46 @@ def read_log(path, ruleset) -> tuple[Run, dict]:
 
 def machine_of(accelerator: str, system: str) -> str | None:
   """The simulator preset of an accelerator (system descriptions name it loosely: v0.7's TPU
-  v4 systems say 'TPU')."""
-  text = f"{accelerator} {system}".lower().replace("-", " ")
+  v4 systems say 'TPU', the system name says v4). Longer names first: 'gaudi2' before
+  'gaudi', 'h200' is no 'h100'."""
+  text = f"{accelerator} {system}".lower().replace("-", " ").replace("_", " ")
   for preset, words in (("tpu-v3", ("tpu v3",)), ("tpu-v4", ("tpu v4",)),
-                        ("tpu-v5e", ("tpu v5e",)), ("dgx-a100", ("a100",)),
-                        ("dgx-h100", ("h100",))):
+                        ("tpu-v5e", ("tpu v5e", "tpu v5 lite")), ("tpu-v5p", ("tpu v5p",)),
+                        ("tpu-v6e", ("tpu v6e", "trillium")), ("dgx-a100", ("a100",)),
+                        ("dgx-h200", ("h200",)), ("dgx-h100", ("h100",)),
+                        ("dgx-b200", ("b200",)), ("gaudi3", ("gaudi3", "gaudi 3")),
+                        ("gaudi2", ("gaudi2", "gaudi 2")), ("gaudi", ("gaudi",))):
     if any(w in text for w in words):
       return preset
   return None
 
 
-def _sample_unit(benchmark):
-  return "samples" if benchmark == "bert" else "epochs"
+def _sample_unit(benchmark, round_=""):
+  """What the benchmark's RCPs count: its figures say 'samples' (BERT), else epochs."""
+  fig = _figures_or_none(benchmark, round_)
+  return (fig or {}).get("sample_unit", "epochs")
+
+
+# A NIC in a system description's host_networking: '8x ConnectX-6 IB HDR 200Gb/Sec'
+_NIC = re.compile(r"(\d+)\s*x\s*[^,;]*?(\d+(?:\.\d+)?)\s*Gb", re.IGNORECASE)
+
+
+def network_of(host_networking: str) -> tuple[int, float] | None:
+  """(NICs a node, bytes/s a NIC per direction) that carry the accelerators' traffic, from a
+  system description's host_networking: the 'Compute:' part where it names one (storage and
+  management NICs carry none), else every NIC it lists; None where it names no count and
+  speed."""
+  text = str(host_networking or "")
+  parts = re.split(r",|;", text)
+  compute = [p for p in parts if "compute" in p.lower()]
+  if not compute:
+    compute = [p for p in parts if not re.search(r"storage|management", p, re.IGNORECASE)]
+  found = [m for p in compute for m in [_NIC.search(p)] if m]
+  if not found:
+    return None
+  nics = sum(int(m.group(1)) for m in found)
+  gbps = min(float(m.group(2)) for m in found)
+  return (nics, gbps * 1e9 / 8) if nics > 0 and gbps > 0 else None
 
 
 def _official_minutes(path, ruleset, parsed) -> tuple[float | None, str]:
@@ -236,7 +346,9 @@ def read_mlperf(bench_dir, ruleset=None) -> Measured:
   desc = read_system_json(desc_path)
   ruleset = summarize.ruleset_of(bench_dir, ruleset)
   benchmark = os.path.basename(bench_dir)
-  unit = _sample_unit(benchmark)
+  round_ = ruleset.rsplit(".", 1)[0]
+  fig = _figures_or_none(benchmark, round_) or {}
+  unit = fig.get("sample_unit", "epochs")
   runs, keys = [], {}
   for path in files:
     try:
@@ -245,7 +357,7 @@ def read_mlperf(bench_dir, ruleset=None) -> Measured:
       runs.append(Run(minutes=math.nan, samples=0.0, evals=0, eval_s=0.0, converged=False,
                       counted=False, path=path))
       continue
-    if ruleset == "0.7.0" and benchmark == "bert":
+    if ruleset == "0.7.0" and unit == "samples":
       # v0.7's BERT logs count steps (in epoch_num or in the blocks, one or the other)
       run.samples = max(run.samples, found["block_end"])
     elif unit == "samples" and run.samples < found["global_batch_size"]:
@@ -261,21 +373,35 @@ def read_mlperf(bench_dir, ruleset=None) -> Measured:
     raise UsageError(f"{bench_dir}: none of its {len(files)} logs has run_start and run_stop; "
                      "allowed: a result folder with a complete MLPerf result log")
   gbs, epoch = int(keys["global_batch_size"]), int(keys.get("train_samples") or 0)
-  # samples trained: epochs x an epoch, or BERT's samples (v0.7's BERT logs counted steps)
+  epoch_note = ""
+  full = fig.get("epoch_examples")
+  if full and epoch and epoch != full and abs(epoch * gbs / full - 1) < 0.02:
+    # NVIDIA's RetinaNet logs the steps of an epoch as train_samples (4,572 at batch 256 =
+    # 1,170,301 images): an epoch is the dataset's images, as the benchmark's figures say
+    epoch_note = (f"train_samples {epoch} x batch {gbs} is the {full:,} images of an epoch: "
+                  "the log counts steps there")
+    epoch = int(full)
+  # samples trained: epochs x an epoch, or BERT's samples (v0.7's BERT logs counted steps);
+  # GPT-3's logs count tokens where the RCPs count sequences
   per = epoch if unit == "epochs" else gbs if ruleset == "0.7.0" else 1
+  if fig.get("log_counts") == "tokens":
+    per = 1.0 / fig["sequence_length"]
   for run in runs:
     run.samples *= per or 1
   scaling = summarize.scaling_factor(bench_dir)
   counted = [r.minutes for r in runs if r.counted]
   score, _ = summarize.olympic_minutes(counted, len(runs) - len(counted),
                                        summarize.drop_count(benchmark))
-  return Measured(benchmark=benchmark, round=ruleset.rsplit(".", 1)[0],
+  return Measured(benchmark=benchmark, round=round_,
                   org=os.path.basename(org_dir), system=system,
                   accelerator=desc["accelerator"], chips=desc["chips"], global_batch=gbs,
                   train_samples=epoch, runs=runs,
                   score_minutes=None if score is None else score * scaling,
                   machine=machine_of(desc["accelerator"], system), sample_unit=unit,
-                  per_node=desc["per_node"], scaling=scaling, path=bench_dir)
+                  per_node=desc["per_node"], scaling=scaling, path=bench_dir,
+                  network=desc.get("network"), optimizer=keys.get("opt_name", ""),
+                  grad_accum=int(keys.get("gradient_accumulation_steps") or 1),
+                  epoch_note=epoch_note)
 
 
 SYSTEM_FIELDS = ("accelerator_model_name", "accelerators_per_node", "number_of_nodes")
@@ -305,7 +431,8 @@ def read_system_json(path) -> dict:
                      f"accelerators_per_node={desc['accelerators_per_node']!r}; allowed: "
                      "whole numbers >= 1")
   return {"accelerator": str(desc["accelerator_model_name"]), "chips": nodes * per,
-          "nodes": nodes, "per_node": per, "system_name": str(desc.get("system_name", ""))}
+          "nodes": nodes, "per_node": per, "system_name": str(desc.get("system_name", "")),
+          "network": network_of(desc.get("host_networking", ""))}
 
 
 def read_harness_csv(path) -> Measured:
@@ -345,7 +472,8 @@ def read_harness_csv(path) -> Measured:
                   global_batch=int(keys["global_batch_size"]), train_samples=epoch, runs=runs,
                   score_minutes=score, machine=machine_of(str(first["device_kind"]), ""),
                   sample_unit=unit if first["preset"] == "reference" else "mini",
-                  parameters=parameters, per_node=int(first["num_devices"]), path=path)
+                  parameters=parameters, per_node=int(first["num_devices"]), path=path,
+                  optimizer=keys.get("opt_name", ""))
 
 
 def _harness_parameters(spec, row) -> int:
@@ -451,7 +579,7 @@ def convergence(measured: Measured, batch: int) -> dict:
     at_t, at_s = rcp_at(points, batch), rcp_at(points, b_s)
     if at_t is not None and at_s is not None:
       own = "" if ruleset.startswith(measured.round) else f" (round {measured.round} has none)"
-      return {"ratio": at_t["mean"] / at_s["mean"],
+      return {"ratio": at_t["mean"] / at_s["mean"], "spread": at_t["stdev"] / at_t["mean"],
               "source": f"the measured runs' samples x RCP({batch}) / RCP({b_s}) = "
                         f"{at_t['mean']:.4g} / {at_s['mean']:.4g} {unit} ({at_t['how']}; "
                         f"{at_s['how']}) at ruleset {ruleset}{own}"}
@@ -500,14 +628,33 @@ class Target:
 def target_from_system(desc: dict, machine=None, topology=None) -> Target:
   machine = machine or machine_of(desc["accelerator"], desc.get("system_name", ""))
   return make_target(desc["chips"], machine, topology, desc["accelerator"],
-                     per_node=desc["per_node"])
+                     per_node=desc["per_node"], network=desc.get("network"))
 
 
-def make_target(chips, machine, topology=None, accelerator="", per_node=8, link=None) -> Target:
+def _network_kwargs(kwargs, network, per_node) -> str:
+  """Set the network figures of a GPU system from its description's NICs (count and speed):
+  K NICs for G GPUs a node. K < G with K dividing G: G/K GPUs share each NIC (the simulator's
+  shared rails); any other ratio (K >= G, or K not dividing G): each GPU its own rail of
+  K x speed / G, the node's network bandwidth spread evenly. Returns what was applied."""
+  nics, speed = network
+  if nics < per_node and per_node % nics == 0:
+    kwargs.update(nics_per_node=nics, network_bandwidth=speed)
+    return f"{nics} NICs of {speed * 8 / 1e9:g} Gb/s a node, {per_node // nics} GPUs a NIC"
+  kwargs.update(nics_per_node=0, network_bandwidth=speed * nics / per_node)
+  return (f"{nics} NICs of {speed * 8 / 1e9:g} Gb/s a node: {speed * nics / per_node / 1e9:.4g}"
+          f" GB/s a GPU")
+
+
+def make_target(chips, machine, topology=None, accelerator="", per_node=8, link=None,
+                network=None) -> Target:
   """The simulator's machine for `chips` chips of a preset (its topology kind, the squarest
-  torus or nodes of `per_node`), or of the given link figures (`link`: Machine keywords)."""
+  torus or nodes of `per_node`), or of the given link figures (`link`: Machine keywords).
+  `network` (NICs a node, bytes/s each: the system description's) replaces a GPU preset's
+  network figures; chips whose scale-out ports are on the chip (TPU ICI, Gaudi's RoCE) keep
+  the preset's."""
   if chips < 1:
     raise UsageError(f"--chips {chips} is out of range; allowed: >= 1")
+  note = ""
   if link is None:
     if machine not in machine_lib.PRESETS:
       raise UsageError(f"machine {machine!r} has no preset; allowed: "
@@ -520,6 +667,13 @@ def make_target(chips, machine, topology=None, accelerator="", per_node=8, link=
                   network_bandwidth=preset.network_bandwidth,
                   network_latency=preset.network_latency, nics_per_node=preset.nics_per_node,
                   efficiency=preset.efficiency)
+    if network and kind == "multinode" and machine.startswith("dgx-") and per_node:
+      note = ", " + _network_kwargs(kwargs, network, per_node)
+    elif kind == "multinode" and per_node and kwargs["nics_per_node"] and (
+        per_node % kwargs["nics_per_node"] or kwargs["nics_per_node"] > per_node):
+      # the preset's NIC count does not fit this node size: its network spread evenly
+      note = ", " + _network_kwargs(kwargs, (kwargs["nics_per_node"],
+                                             kwargs["network_bandwidth"]), per_node)
   else:
     kind, shape, kwargs = link.pop("kind"), (0, 0), link
   if topology is None:
@@ -527,7 +681,7 @@ def make_target(chips, machine, topology=None, accelerator="", per_node=8, link=
     topology = ("multinode:1x%d" % chips if kind == "multinode" and chips <= per_node else
                 tables.scaling_shape(kind, chips, per_node, len(shape)))
   return Target(chips, machine, topology, kwargs, accelerator,
-                f"{machine or 'given links'} {topology}")
+                f"{machine or 'given links'} {topology}{note}")
 
 
 def all_reduce_seconds(target: Target):
@@ -542,6 +696,7 @@ def all_reduce_seconds(target: Target):
 
 
 _ALL_REDUCE = {}
+_ALL_TO_ALL = {}
 
 
 def exposed_all_reduce(params, compute_s, target: Target) -> tuple[float, float]:
@@ -553,39 +708,190 @@ def exposed_all_reduce(params, compute_s, target: Target) -> tuple[float, float]
   return sum(seconds(b) for _, b in ready), step_lib.overlap(ready, seconds, compute_s)
 
 
+def all_to_all_bytes(fig, per_chip) -> float:
+  """The bytes one chip's vector holds in one of DLRM's all-to-alls: its examples' pooled
+  vectors, one a table (features) of embedding_dim floats. Each chip computes every example's
+  vectors of the tables it holds and sends each peer its examples' ones: per chip that is its
+  own examples' vectors of every table, whichever tables it holds (tables split evenly)."""
+  emb = fig["embedding"]
+  return per_chip * emb["features"] * emb["dim"] * EMBEDDING_BYTES
+
+
+def all_to_all_seconds(nbytes, target: Target) -> float:
+  """One all-to-all of `nbytes` a chip on the target (the simulator's direct schedule, the
+  preset's efficiency terms), 0 on one chip."""
+  if target.chips == 1 or not target.topology:
+    return 0.0
+  key = (target.topology, repr(sorted(target.kwargs.items())), nbytes)
+  if key not in _ALL_TO_ALL:
+    machine = machine_lib.Machine(target.topology, **target.kwargs)
+    _ALL_TO_ALL[key] = tables.simulate(machine, "all-to-all", "direct", nbytes)["time_s"]
+  return _ALL_TO_ALL[key]
+
+
+def update_seconds(params, optimizer, machine) -> float:
+  """The optimizer's update of `params` parameters on one chip of a preset: its bytes
+  (OPTIMIZER_BYTES) over the chip's memory bandwidth; 0 where the preset gives none."""
+  preset = machine_lib.PRESETS.get(machine or "")
+  if not preset or not preset.memory_bandwidth:
+    return 0.0
+  per = OPTIMIZER_BYTES.get(optimizer, DEFAULT_OPTIMIZER_BYTES)
+  return params * per / preset.memory_bandwidth
+
+
 def source_target(measured: Measured) -> Target:
-  """The measured system itself as a target (its chips, nodes and preset); an accelerator
-  without a preset gives a target that only the same system's prediction can use."""
+  """The measured system itself as a target (its chips, nodes, NICs and preset); an
+  accelerator without a preset gives a target that only the same system's prediction can
+  use."""
   if measured.machine is None:
     return Target(measured.chips, None, "", {}, measured.accelerator,
                   f"{measured.accelerator} ({measured.chips} chips, no preset)")
   return make_target(measured.chips, measured.machine, None, measured.accelerator,
-                     per_node=measured.per_node)
+                     per_node=measured.per_node, network=measured.network)
 
 
-def _step_model(params, compute_s, b_s, b_t, speed, target) -> tuple[float, float, float]:
-  """(compute, all-reduce in all, exposed) of a step at b_t examples a chip on `target`, from
-  the compute `compute_s` at b_s: a fixed part and the rest per example, over the chip speed."""
-  fixed = min(STEP_FIXED_S, compute_s / 2)
-  compute = (fixed + (compute_s - fixed) * b_t / b_s) / speed
-  total, exposed = exposed_all_reduce(params, compute, target)
-  return compute, total, exposed
+@dataclasses.dataclass
+class Layout:
+  """How a step's work splits over the chips: `data` replicas each all-reduce the gradient of
+  `params` parameters (the model's share a replica's chip holds), `work` examples a chip
+  computes a step, including a pipeline's idle share; the optimizer updates `update_params`
+  a chip."""
+  data: int
+  params: float
+  work: float
+  update_params: float
+  note: str = ""
 
 
-def _model_or_refuse(measured, target, runs, step_s) -> int:
-  """The parameters a step's all-reduce moves, once every input the step model needs from a
-  source on another system is known; else one line saying which is missing."""
+def layout(measured: Measured, fig: dict, chips: int, batch: int, target: Target) -> Layout:
+  """Data-parallel (every chip a replica) unless the benchmark's figures give a tensor and
+  pipeline layout (GPT-3): then the data replicas follow from the log's gradient accumulation
+  (the micro-batches a replica runs a step, at the reference's micro-batch), the rest is tensor
+  x pipeline, the pipeline's bubble (stages - 1) / micro-batches is idle work, and the optimizer
+  is sharded over the replicas (the references' distributed optimizer)."""
+  lay = fig.get("layout")
+  if not lay:
+    return Layout(chips, fig["parameters"], batch / chips, fig["parameters"])
+  gpu = (target.machine or measured.machine or "").startswith("dgx-")
+  ref = lay["gpu" if gpu else "tpu"]
+  micro = ref["micro_batch"]
+  model = ref["tensor"] * ref["pipeline"]
+  if gpu and measured.grad_accum > 1:
+    # the source's log states its micro-batches a step: its replicas follow, and its
+    # tensor x pipeline size is kept on the target (the same submitter's recipe)
+    replicas_s = measured.global_batch // (measured.grad_accum * micro)
+    if replicas_s >= 1 and measured.chips % replicas_s == 0:
+      model = measured.chips // replicas_s
+    note = (f"tensor x pipeline {model} from the log's gradient_accumulation_steps "
+            f"{measured.grad_accum} at micro-batch {micro} (the reference's)")
+  else:
+    note = f"the reference layout: tensor {ref['tensor']} x pipeline {ref['pipeline']}"
+  if chips % model:
+    raise UsageError(f"{chips} chips do not split into model groups of {model} "
+                     f"({note}); allowed: a multiple of {model} chips")
+  data = chips // model
+  tensor = min(ref["tensor"], model)
+  pipeline = max(model // tensor, 1)
+  micro_batches = max(batch / (data * micro), 1.0)
+  bubble = 1 + (pipeline - 1) / micro_batches
+  return Layout(data, fig["parameters"] / model, batch / chips * bubble,
+                fig["parameters"] / chips,
+                f"{note}; data {data}, pipeline {pipeline}: bubble x{bubble:.4g}")
+
+
+def data_target(target: Target, lay: Layout) -> Target:
+  """The machine a layout's gradient all-reduce runs on: the whole target when every chip is
+  a replica; else one chip of each model group, each with its own share of the network (a
+  GPU's own rail; a TPU replica's chips spread over the torus: its default shape)."""
+  if lay.data == target.chips or target.machine is None:
+    return target
+  if lay.data == 1:
+    return dataclasses.replace(target, chips=1, topology="")
+  preset = machine_lib.PRESETS[target.machine]
+  kind, _ = machine_lib.parse_topology(preset.topology)
+  kwargs = dict(target.kwargs)
+  if kind == "multinode":
+    kwargs["nics_per_node"] = 0
+    return dataclasses.replace(target, chips=lay.data, topology=f"multinode:{lay.data}x1",
+                               kwargs=kwargs)
+  return make_target(lay.data, target.machine, None, target.accelerator)
+
+
+@dataclasses.dataclass
+class StepParts:
+  update: float            # the fixed part: the floor and the optimizer's update
+  compute: float           # the fixed part + the examples' compute
+  all_reduce: float        # the gradient all-reduce in all
+  exposed: float           # of it, what ends after the backward pass
+  all_to_all: float        # DLRM's two all-to-alls of pooled vectors (not overlapped)
+
+  @property
+  def step(self):
+    return self.compute + self.exposed + self.all_to_all
+
+
+def step_parts(measured, fig, fit, batch, target, speed) -> StepParts:
+  """The modelled step of `batch` on `target`: the update, the examples' compute (a chip's
+  work x the source's seconds an example, over the chip speed), the gradient all-reduce the
+  simulator exposes after the backward pass, DLRM's all-to-alls. On the source's own system
+  it is the source's step as source_fit took it apart."""
+  lay = layout(measured, fig, target.chips, batch, target)
+  update = (LAUNCH_FLOOR_S + update_seconds(lay.update_params, measured.optimizer,
+                                            target.machine)) * fit["update_scale"]
+  compute = update + fit["per_example_s"] * lay.work / speed
+  total, exposed = exposed_all_reduce(lay.params, compute, data_target(target, lay))
+  a2a = 0.0
+  if fig.get("embedding"):
+    a2a = 2 * all_to_all_seconds(all_to_all_bytes(fig, batch / target.chips), target)
+  return StepParts(update, compute, total, exposed, a2a)
+
+
+def source_fit(measured, fig, base, source) -> dict:
+  """What the source's measured step says, one point: less its all-to-alls and the
+  all-reduce the simulator exposes there, less the update, the rest is per example (the
+  assumption one size makes: no other fixed part); the achieved fraction of the roofline is
+  the benchmark's FLOPs at the source's examples over the peak, over that rest."""
+  lay = layout(measured, fig, source.chips, measured.global_batch, source)
+  update = LAUNCH_FLOOR_S + update_seconds(lay.update_params, measured.optimizer,
+                                          source.machine)
+  a2a = 0.0
+  if fig.get("embedding"):
+    a2a = 2 * all_to_all_seconds(all_to_all_bytes(fig, measured.per_chip), source)
+  # the compute is what is left of the step once the exposed communication is out; the
+  # exposed part depends on the compute, so take it at the step less the all-to-alls
+  # (exposure only grows as compute shrinks: this errs towards a larger compute)
+  exposed = exposed_all_reduce(lay.params, max(base - a2a, base * 0.05),
+                               data_target(source, lay))[1]
+  compute = max(base - a2a - exposed, base * 0.05)
+  # an update the spec figures make longer than half the measured compute is not what ran
+  # (the submitter shards or fuses it): it is capped there, and the cap kept on the target
+  capped = update > compute / 2
+  scale = min(1.0, compute / 2 / update) if update else 1.0
+  update *= scale
+  per_example = (compute - update) / lay.work
+  preset = machine_lib.PRESETS.get(source.machine or "")
+  flops = fig.get("train_flops_per_example")
+  achieved = (flops * lay.work / (preset.peak_flops * (compute - update))
+              if flops and preset and preset.peak_flops else None)
+  return {"per_example_s": per_example, "compute_s": compute, "update_s": update,
+          "update_capped": capped, "update_scale": scale, "exposed_s": exposed, "all_to_all_s": a2a,
+          "achieved_fraction": achieved, "layout": lay.note}
+
+
+def _model_or_refuse(measured, target, runs, step_s) -> dict:
+  """The benchmark's figures, once every input the step model needs from a source on another
+  system is known; else one line saying which is missing."""
   unknown = [r.path for r in runs if r.samples <= 0]
   if unknown:
     raise UsageError(f"{unknown[0]}: no samples trained (no epoch_num in its eval_accuracy "
                      "lines, no train_samples at its end); allowed: a log that states them, "
                      "or the measured system at its own batch")
-  if measured.benchmark in NO_MODEL and not measured.parameters:
-    raise UsageError(f"{measured.benchmark}: {NO_MODEL[measured.benchmark]}")
-  params = measured.parameters or PARAMETERS.get(measured.benchmark)
-  if params is None:
-    raise UsageError(f"{measured.benchmark}: no parameter count (not one of this harness's "
-                     f"workloads); allowed: {', '.join(sorted(PARAMETERS))}")
+  if measured.parameters:           # this harness's CSV: its own model's count
+    fig = dict(_figures_or_none(measured.benchmark, measured.round) or {},
+               parameters=measured.parameters, layout=None, embedding=None)
+    fig.setdefault("source", "the row's model, counted by its framework")
+  else:
+    fig = figures(measured.benchmark, measured.round)
   if step_s is None and measured.machine != target.machine:
     # a CPU's or simulated device's step, or a chip without a preset, says nothing of how
     # fast the target's accelerator computes: no peak ratio exists to scale it by
@@ -601,7 +907,19 @@ def _model_or_refuse(measured, target, runs, step_s) -> int:
                        f"{measured.machine} step says nothing of its chip; allowed: --machine "
                        f"M, or --step-s SECONDS (the step measured on one of its chips at "
                        f"{b_s:g} examples)")
-  return params
+    if not _chip_speed(measured, target):
+      raise UsageError(f"{measured.machine} or {target.machine} has no published bf16 peak, so "
+                       "no ratio moves a step between them; allowed: --step-s SECONDS (the "
+                       f"step measured on one {target.machine} chip at {b_s:g} examples)")
+  return fig
+
+
+def _spread(values) -> float:
+  """Relative standard deviation (population) of positive values; 0 for fewer than two."""
+  values = [v for v in values if v and v == v]
+  if len(values) < 2:
+    return 0.0
+  return float(np.std(values) / np.mean(values))
 
 
 def predict(measured: Measured, target: Target, batch: int | None = None,
@@ -615,14 +933,15 @@ def predict(measured: Measured, target: Target, batch: int | None = None,
   own = source_target(measured)
   # the measured system at its own batch: every factor below is 1 and no model is needed
   same = (step_s is None and target.chips == measured.chips and batch == measured.global_batch
-          and target.machine == own.machine and target.topology == own.topology)
+          and target.machine == own.machine and target.topology == own.topology
+          and target.kwargs == own.kwargs)
   runs, failed = measured.scored()
   b_s, b_t = measured.per_chip, batch / target.chips
   if not same:
     if batch < target.chips:      # (the measured system may itself split examples over chips)
       raise UsageError(f"--batch {batch} is below the {target.chips} chips; allowed: at least "
                        "one example a chip")
-    params = _model_or_refuse(measured, target, runs, step_s)
+    fig = _model_or_refuse(measured, target, runs, step_s)
   conv = convergence(measured, batch)
   # each run's steady step: its training time (evals out) over the steps it trained
   steps_run = [max(math.ceil(r.samples / measured.global_batch), 1) for r in runs]
@@ -635,14 +954,18 @@ def predict(measured: Measured, target: Target, batch: int | None = None,
          "measured_minutes": measured.score_minutes, "to": target.source,
          "chips": target.chips, "batch": batch, "per_chip": b_t,
          "convergence": conv["source"], "samples_ratio": conv["ratio"],
+         "rcp_spread": conv.get("spread", 0.0),
          "sample_unit": measured.sample_unit, "same_system": same,
          "measured_step_s": measured_step, "given_step_s": step_s,
-         "scaling_factor": measured.scaling, "runs": len(runs), "failed_runs": failed}
+         "scaling_factor": measured.scaling, "runs": len(runs), "failed_runs": failed,
+         "epoch_note": measured.epoch_note}
   if same:
     step_ratio = eval_ratio = 1.0
-    out.update(parameters=measured.parameters or PARAMETERS.get(measured.benchmark),
-               source_exposed_s=None, compute_s=None, all_reduce_s=None, exposed_s=None,
-               step_fixed_s=None, chip_speed=1.0)
+    fig = _figures_or_none(measured.benchmark, measured.round) or {}
+    out.update(parameters=measured.parameters or fig.get("parameters"),
+               figures_source=fig.get("source"), source_exposed_s=None, compute_s=None,
+               all_reduce_s=None, exposed_s=None, all_to_all_s=None, fixed_s=None,
+               achieved_fraction=None, layout=None, chip_speed=1.0)
   else:
     # the source: its median step, or the step given for one chip of the target's kind
     if step_s is None:
@@ -650,21 +973,27 @@ def predict(measured: Measured, target: Target, batch: int | None = None,
     else:
       base, speed = step_s, 1.0
       source = dataclasses.replace(target, chips=1, topology="ring:1")
-    source_exposed = exposed_all_reduce(params, base, source)[1]
-    compute_s = max(base - source_exposed, base * 0.05)
-    c_s, _, e_s = _step_model(params, compute_s, b_s, b_s, 1.0, source)
-    c_t, all_reduce_t, e_t = _step_model(params, compute_s, b_s, b_t, speed, target)
+    fit = source_fit(measured, fig, base, source)
+    src = step_parts(measured, fig, fit, measured.global_batch, source, 1.0)
+    tgt = step_parts(measured, fig, fit, batch, target, speed)
     # the model's change from the source to the target, applied to the measured step: the
     # model reproduces its own source exactly, and the measured step's parts it does not hold
-    # (the input pipeline, the optimizer) scale as the modelled ones do
-    step_ratio = (c_t + e_t) / (c_s + e_s) * (base / measured_step)
+    # (the input pipeline, for one) scale as the modelled ones do
+    step_ratio = tgt.step / src.step * (base / measured_step)
     eval_fixed = min(EVAL_FIXED_S, eval_each / 2)
     eval_s = (eval_fixed + (eval_each - eval_fixed) * measured.chips / target.chips) / speed
     eval_ratio = eval_s / eval_each * (base / measured_step) if eval_each else 1.0
-    out.update(parameters=params, source_exposed_s=source_exposed, compute_s=c_t,
-               all_reduce_s=all_reduce_t, exposed_s=e_t, step_fixed_s=min(STEP_FIXED_S,
-                                                                         compute_s / 2),
-               chip_speed=speed)
+    out.update(parameters=fig["parameters"], figures_source=fig.get("source"),
+               all_reduced_parameters=layout(measured, fig, target.chips, batch,
+                                             target).params,
+               source_exposed_s=fit["exposed_s"], compute_s=tgt.compute,
+               all_reduce_s=tgt.all_reduce, exposed_s=tgt.exposed, all_to_all_s=tgt.all_to_all,
+               fixed_s=tgt.update, source_fixed_s=fit["update_s"],
+               optimizer_update_s=update_seconds(
+                   layout(measured, fig, target.chips, batch, target).update_params,
+                   measured.optimizer, target.machine) * fit["update_scale"],
+               update_capped=fit["update_capped"], achieved_fraction=fit["achieved_fraction"],
+               layout=fit["layout"] or None, chip_speed=speed)
   out["step_ratio"], out["eval_ratio"] = step_ratio, eval_ratio
   out["step_s"] = measured_step * step_ratio
   out["eval_s"] = eval_each * eval_ratio
@@ -693,16 +1022,34 @@ def predict(measured: Measured, target: Target, batch: int | None = None,
     out[f"evals_{key}"] = pick(r["evals"] for r in per_run)
   out["minutes_mean"] = out["predicted_minutes"] = score * measured.scaling
   out["minutes_low"], out["minutes_high"] = min(out["runs_minutes"]), max(out["runs_minutes"])
+  out.update(prediction_range(out, len(runs), summarize.drop_count(measured.benchmark)))
   return out
+
+
+def prediction_range(out, runs, drop) -> dict:
+  """The range a measured score should fall in if the model were exact: the prediction +-
+  RANGE_SIGMAS standard errors of (predicted - measured). Both are means of runs whose time
+  varies as their samples to converge do: the source's own runs give their spread (carried
+  over, their relative standard deviation), the target's runs the RCP's at the target's
+  batch (when the batch moves; else the same as the source's), each over the runs a score
+  averages (the olympic mean drops `drop` of each end)."""
+  counted = max(runs - 2 * drop, 1)
+  source = _spread(out["runs_minutes"]) / math.sqrt(counted)
+  target = (out["rcp_spread"] if out["samples_ratio"] != 1.0 else
+            _spread(out["runs_minutes"])) / math.sqrt(counted)
+  half = RANGE_SIGMAS * math.hypot(source, target)
+  return {"range_low": out["predicted_minutes"] * (1 - half),
+          "range_high": out["predicted_minutes"] * (1 + half), "range_relative": half}
 
 
 def _chip_speed(measured, target) -> float:
   """How much faster a target chip computes than a measured one: the ratio of the presets'
-  bf16 peaks when the accelerators differ and both are known, else 1 (said in the output)."""
+  bf16 peaks when the accelerators differ and both are known, 1 when the same, 0 where a
+  preset has no published peak (refused)."""
   if not target.machine or target.machine == measured.machine or not measured.machine:
     return 1.0
   a, b = machine_lib.PRESETS[measured.machine], machine_lib.PRESETS[target.machine]
-  return b.peak_flops / a.peak_flops if a.peak_flops and b.peak_flops else 1.0
+  return b.peak_flops / a.peak_flops if a.peak_flops and b.peak_flops else 0.0
 
 
 # ----------------------------------------------------------------------------- backtest
@@ -769,9 +1116,16 @@ def families(folders, refused=None) -> dict:
   return {k: sorted(v, key=lambda x: (x[0], x[1])) for k, v in out.items()}
 
 
+# A backtest row's fields (--json prints them in this order)
+BACKTEST_KEYS = ("family", "from", "to", "predicted_minutes", "measured_minutes", "error",
+                 "range_low", "range_high", "inside_range", "reason")
+
+
 def _row(family, source, to, reason="") -> dict:
   return {"family": family, "from": source, "to": to, "predicted_minutes": None,
-          "measured_minutes": None, "error": None, "reason": reason}
+          "measured_minutes": None, "error": None, "range_low": None, "range_high": None,
+          "inside_range": None, "reason": reason, "accelerator": family.split()[-1],
+          "benchmark": family.split()[-2] if len(family.split()) >= 2 else ""}
 
 
 def backtest(folders) -> list[dict]:
@@ -810,8 +1164,11 @@ def backtest(folders) -> list[dict]:
         row["predicted_minutes"] = out["predicted_minutes"]
         row["batch"] = out["batch"]
         row["convergence"] = out["convergence"]
+        row["range_low"], row["range_high"] = out["range_low"], out["range_high"]
         if row["measured_minutes"]:
           row["error"] = row["predicted_minutes"] / row["measured_minutes"] - 1
+          row["inside_range"] = bool(out["range_low"] <= row["measured_minutes"]
+                                     <= out["range_high"])
       except (UsageError, *DATA_ERRORS) as e:
         # a refusal about the model (no preset, no parameter count) names the source folder
         reason = _one_line(e, smallest[1])
@@ -823,7 +1180,25 @@ def backtest(folders) -> list[dict]:
 
 def backtest_summary(rows) -> dict:
   errors = [abs(r["error"]) for r in rows if r["error"] is not None]
+  inside = sum(bool(r.get("inside_range")) for r in rows if r["error"] is not None)
   return {"predicted": len(errors), "refused": sum(bool(r["reason"]) for r in rows),
           "unscored": sum(not r["reason"] and r["error"] is None for r in rows),
           "median_abs_error": statistics.median(errors) if errors else None,
-          "worst_abs_error": max(errors) if errors else None}
+          "worst_abs_error": max(errors) if errors else None,
+          "inside": inside, "inside_share": inside / len(errors) if errors else None}
+
+
+def backtest_groups(rows) -> list[dict]:
+  """The backtest's scored rows by accelerator and benchmark: count, median and worst
+  |error|, the share whose measured score is inside the stated range."""
+  groups = {}
+  for r in rows:
+    if r["error"] is not None:
+      groups.setdefault((r["accelerator"], r["benchmark"]), []).append(r)
+  out = []
+  for (accel, bench), members in sorted(groups.items()):
+    errors = [abs(r["error"]) for r in members]
+    out.append({"accelerator": accel, "benchmark": bench, "pairs": len(members),
+                "median_abs_error": statistics.median(errors), "worst_abs_error": max(errors),
+                "inside_share": sum(bool(r["inside_range"]) for r in members) / len(members)})
+  return out

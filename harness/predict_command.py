@@ -97,9 +97,8 @@ def run(args) -> int:
   if args.backtest:
     rows = predict.backtest(args.backtest)
     if args.json:
-      print(json.dumps([{k: r[k] for k in ("family", "from", "to", "predicted_minutes",
-                                           "measured_minutes", "error", "reason")}
-                        for r in rows], indent=1))
+      print(json.dumps([{k: r.get(k) for k in predict.BACKTEST_KEYS} for r in rows],
+                       indent=1))
     else:
       print_backtest(rows)
     return 0
@@ -137,10 +136,21 @@ def print_breakdown(out):
              f"{out['measured_step_s'] * 1e3:.4g} ms)" if out["given_step_s"] else
              f"measured {out['measured_step_s'] * 1e3:.4g} ms (less "
              f"{out['source_exposed_s'] * 1e3:.3g} ms of exposed all-reduce)")
+    achieved = (f"; the source ran at {out['achieved_fraction']:.1%} of the bf16 peak"
+                if out.get("achieved_fraction") else "")
     print(f"step:      {given} -> compute {out['compute_s'] * 1e3:.4g} ms a step here "
-          f"({out['step_fixed_s'] * 1e3:.3g} ms fixed, the rest per example; chip speed "
-          f"x{out['chip_speed']:.3g})")
-    print(f"all-reduce: {out['parameters']:,} parameters x {predict.GRADIENT_BYTES} B: "
+          f"({out['fixed_s'] * 1e3:.3g} ms fixed: the {predict.LAUNCH_FLOOR_S * 1e3:g} ms floor "
+          f"and the optimizer's update"
+          f"{', capped at half the source compute' if out['update_capped'] else ''}; the rest "
+          f"per example; chip speed x{out['chip_speed']:.3g}{achieved})")
+    if out.get("layout"):
+      print(f"layout:    {out['layout']}")
+    if out.get("all_to_all_s"):
+      print(f"all-to-all: {out['all_to_all_s'] * 1e3:.4g} ms a step (DLRM's pooled vectors "
+            "out and their gradients back, not overlapped)")
+    print(f"figures:   {out['figures_source']}")
+    print(f"all-reduce: {out['all_reduced_parameters']:,.0f} parameters a replica x "
+          f"{predict.GRADIENT_BYTES} B: "
           f"{out['all_reduce_s'] * 1e3:.4g} ms, {out['exposed_s'] * 1e3:.4g} ms exposed after "
           f"the backward pass -> each run's step x{out['step_ratio']:.4g} (median "
           f"{out['step_s'] * 1e3:.4g} ms)")
@@ -148,6 +158,9 @@ def print_breakdown(out):
   print(f"predicted: {out['minutes_mean']:.3f} minutes ({out['minutes_low']:.3f} .. "
         f"{out['minutes_high']:.3f}: the fastest and slowest of the {out['runs']} measured "
         f"runs carried over), {out['scoring']}, run_start to run_stop")
+  print(f"range:     {out['range_low']:.3f} .. {out['range_high']:.3f} minutes (+-"
+        f"{out['range_relative']:.1%}: {predict.RANGE_SIGMAS:g} standard errors of the source "
+        "runs' spread and the RCP's at the target's batch; the model's own error not included)")
 
 
 def print_backtest(rows):
@@ -168,10 +181,18 @@ def print_backtest(rows):
     print("refused:")
     for r in refused:
       print(f"  {r['family']} -> {r['to']}: {r['reason']}")
+  groups = predict.backtest_groups(rows)
+  if groups:
+    print("by accelerator and benchmark:")
+    table = pd.DataFrame(groups)
+    for key in ("median_abs_error", "worst_abs_error", "inside_share"):
+      table[key] = table[key].map(lambda v: "-" if v is None else f"{v:.1%}")
+    print(table.to_string(index=False))
   summary = predict.backtest_summary(rows)
   line = (f"{summary['predicted']} predicted, {summary['refused']} refused, "
           f"{summary['unscored']} without a measured score")
   if summary["predicted"]:
     line += (f"; |error| median {summary['median_abs_error']:.1%}, worst "
-             f"{summary['worst_abs_error']:.1%}")
+             f"{summary['worst_abs_error']:.1%}; measured inside the stated range in "
+             f"{summary['inside']} of {summary['predicted']} ({summary['inside_share']:.0%})")
   print(line)

@@ -1,7 +1,9 @@
 """`report`: result CSVs (and the MLPerf logs their rows point to) -> one self-contained HTML
 page: the summary table (summarize's olympic scores), eval metric against epochs or samples per
 run with the target, time-to-train per run with the olympic score, baseline vs new (compare's
-verdicts), and time-to-train and throughput across git_commit / date (CI history).
+verdicts), and time to train, throughput and samples to target across git_commit / date (CI
+history) with the change points harness/changepoints.py finds in it, at the commit where each
+began.
 
 Plots are matplotlib PNGs embedded as base64, so the page is one file a CI job can publish.
 """
@@ -16,7 +18,7 @@ matplotlib.use("Agg")                    # no display; must precede pyplot
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from harness import bench_table, compare, registry, results, summarize  # noqa: E402
+from harness import bench_table, changepoints, compare, registry, results, summarize  # noqa: E402
 from harness.errors import UsageError  # noqa: E402
 
 GROUP = ["system", "mlperf_benchmark", "workload", "framework", "preset"]
@@ -35,16 +37,18 @@ def _img(b64, alt):
 
 def resolve_log(log_path, csv_path):
   """A row's log_path is relative to where the run started: try there, then beside the CSV's
-  folder and its parent (a committed results/ folder)."""
+  folder and its parent (a committed results/ folder); last, the file's name in a logs/ folder
+  beside the CSV (the CI's pages, where the logs are copied: an `ab` run's path is absolute)."""
   if not isinstance(log_path, str) or not log_path:
     return None
-  if os.path.isabs(log_path):
-    return log_path if os.path.isfile(log_path) else None
   csv_dir = os.path.dirname(os.path.abspath(csv_path))
-  for base in (os.getcwd(), csv_dir, os.path.dirname(csv_dir)):
-    if os.path.isfile(os.path.join(base, log_path)):
-      return os.path.join(base, log_path)
-  return None
+  if os.path.isabs(log_path):
+    candidates = [log_path]
+  else:
+    candidates = [os.path.join(base, log_path)
+                  for base in (os.getcwd(), csv_dir, os.path.dirname(csv_dir))]
+  candidates.append(os.path.join(csv_dir, "logs", os.path.basename(log_path)))
+  return next((path for path in candidates if os.path.isfile(path)), None)
 
 
 def eval_curve(log_path):
@@ -110,24 +114,47 @@ def _ttt_plot(frame, scores):
   return _png(fig)
 
 
-def _history_plot(frame):
-  fig, axes = plt.subplots(2, 1, figsize=(7, 5), sharex=True)
+HISTORY_AXES = (("time_to_train_s", "time to train (s)"), ("throughput", "throughput (samples/s)"),
+                ("samples_to_converge", "samples to target"))
+
+
+def _history_plot(frame, changes):
+  """Each group's runs across time, one panel per measure, and each change point (changepoints:
+  the commit where the change began) a dashed line at that commit's first run in the group,
+  labelled with the commit and the change of the segments' medians."""
+  fig, axes = plt.subplots(len(HISTORY_AXES), 1, figsize=(7, 6.5), sharex=True)
   frame = frame.assign(when=pd.to_datetime(frame["started_at"], utc=True, errors="coerce"))
   for i, (key, group) in enumerate(frame.groupby(["workload", "framework", "preset"])):
     group = group.sort_values("when")
     ok = group[group["status"] == "success"]
-    axes[0].plot(ok["when"], ok["time_to_train_s"], marker="o", color=f"C{i}",
-                 label=_label(key))
-    axes[1].plot(group["when"], group["throughput"], marker="o", color=f"C{i}")
+    color = f"C{i % 10}"
+    for ax, (column, _) in zip(axes, HISTORY_AXES):
+      source = group if column == "throughput" else ok      # an aborted run's speed is real
+      values = pd.to_numeric(source[column], errors="coerce")
+      ax.plot(source["when"], values, marker="o", linestyle="none", color=color, alpha=0.45,
+              markersize=4, label=_label(key) if column == HISTORY_AXES[0][0] else None)
+      # the line: each commit's median at its first run, the points changepoints analyses
+      per_commit = pd.DataFrame({"commit": source["git_commit"], "when": source["when"],
+                                 "value": values}).dropna().groupby("commit", sort=False)
+      medians = pd.DataFrame({"when": per_commit["when"].min(),
+                              "value": per_commit["value"].median()}).sort_values("when")
+      ax.plot(medians["when"], medians["value"], color=color, linewidth=1.2)
     for _, row in group.drop_duplicates("git_commit").iterrows():
       axes[1].annotate(str(row["git_commit"])[:7], (row["when"], row["throughput"]),
                        fontsize=6, rotation=30)
-  axes[0].set_ylabel("time to train (s)")
-  axes[1].set_ylabel("throughput (samples/s)")
-  axes[0].set_title("History across git_commit / date")
-  axes[0].legend(fontsize=7)
-  for ax in axes:
+    mine = changes[(changes["workload"] == key[0]) & (changes["framework"] == key[1])
+                   & (changes["preset"] == key[2])]
+    for change in mine.itertuples():
+      ax = axes[[c for c, _ in HISTORY_AXES].index(change.measure)]
+      at = group.loc[group["git_commit"].astype(str).str.strip() == change.commit, "when"].min()
+      ax.axvline(at, color=color, linestyle="--", linewidth=1.2)
+      ax.annotate(f"{change.commit[:7]} {change.change:+.0%}", (at, 1), xycoords=(
+          "data", "axes fraction"), fontsize=7, color=color, ha="left", va="top")
+  for ax, (_, label) in zip(axes, HISTORY_AXES):
+    ax.set_ylabel(label, fontsize=8)
     ax.grid(alpha=0.3)
+  axes[0].set_title("History across git_commit / date (dashed: change points)")
+  axes[0].legend(fontsize=7)
   fig.autofmt_xdate()
   return _png(fig)
 
@@ -175,6 +202,16 @@ def _bench_section(path):
   return parts + [_table(bench, value_columns=bench_table.NUMBERS)]
 
 
+def _changes_table(changes, history) -> str:
+  """A workload's change points (or that there were none), with what was tested."""
+  what = html.escape(changepoints.describe(history))
+  if changes.empty:
+    return f"<p class='changepoints'>No change point. {what}.</p>"
+  shown = changes.assign(first_seen=changes["first_seen"].dt.strftime("%Y-%m-%d %H:%M"))
+  return (f"<p class='changepoints'>Change points: {what}.</p>"
+          + _table(shown, value_columns=("before", "after", "change", "p")))
+
+
 def _table(frame, value_columns=()):
   """An HTML table; numeric cells in value_columns carry their exact value in data-value."""
   head = "".join(f"<th>{html.escape(str(c))}</th>" for c in frame.columns)
@@ -218,6 +255,7 @@ def _results_sections(csv_paths, baseline, threshold) -> list:
             for r in summary.itertuples()}
   parts = ["<h2>Summary (MLPerf olympic scores, minutes)</h2>",
            _table(summary, value_columns=("score_min",))]
+  history = changepoints.analyse(frame)
   for workload, rows in frame.groupby("workload", sort=True):   # one section per workload
     name = html.escape(str(workload))
     parts.append(f"<h2 id='{name}'>{name}</h2>")
@@ -227,7 +265,9 @@ def _results_sections(csv_paths, baseline, threshold) -> list:
                 _img(_curves_plot(timed_rows, csv_of), f"{name} eval curves"),
                 "<h3>Time to train</h3>",
                 _img(_ttt_plot(timed_rows, scores), f"{name} time to train")]
-    parts += ["<h3>History</h3>", _img(_history_plot(rows), f"{name} history")]
+    mine = history.changes[history.changes["workload"] == workload]
+    parts += ["<h3>History</h3>", _img(_history_plot(rows, mine), f"{name} history"),
+              _changes_table(mine, history)]
   if baseline:
     table = compare.compare(baseline, csv_paths[-1], threshold)
     verdict = "REGRESSION" if compare.is_regression(table) else "no regression"

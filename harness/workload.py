@@ -6,6 +6,7 @@ lives; the trainer module is imported only when a run asks for that framework.
 import abc
 import dataclasses
 import importlib
+import importlib.util
 from typing import Any, Callable, Protocol
 
 import numpy as np
@@ -198,6 +199,9 @@ class Metric:
   high: float = 1.0               # eval_accuracy < 1.0, so a fraction's target is below 1
   log_scale: float = 1.0
   higher_is_better: bool = True
+  # What evaluate()'s 'count' counts: each eval example once, or (BERT's masked-LM accuracy)
+  # the units the metric averages over.
+  counts: str = "examples"
 
   def check_target(self, target: float, key: str = "train.target"):
     if not self.low < target < self.high:
@@ -269,6 +273,14 @@ class WorkloadSpec:
   @property
   def metric_name(self) -> str:
     return self.metric.name
+
+  def own_module(self, name: str) -> str | None:
+    """The dotted name of module `name` in the workload's own folder (the input pipeline's),
+    or None where the folder has none: what a tool finds of a workload by convention (e.g.
+    bench/gpu_models.py its `bare_step`), so that no list outside the folder names workloads.
+    Nothing is imported but the folder's package."""
+    module = f"{self.input_pipeline_module.rpartition('.')[0]}.{name}"
+    return module if importlib.util.find_spec(module) is not None else None
 
   @property
   def input_pipeline(self) -> InputPipeline:

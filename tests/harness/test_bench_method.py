@@ -185,7 +185,8 @@ def test_gpu_models_jaxpr_count_of_resnet50_agrees_with_the_lowered_program():
   import jax.numpy as jnp
   from bench import gpu_models
   from workloads.parallel import jax_flops
-  w = gpu_models.BUILDERS["resnet50"](2, jnp.bfloat16, np.random.default_rng(1))
+  w = gpu_models.BARE_STEPS["resnet50"].build(2, jnp.bfloat16, np.random.default_rng(1),
+                                             gpu_models.SHAPES)
 
   def create(key):
     variables = w["init"](key)

@@ -41,6 +41,16 @@ BAD_INPUTS = [
     (["compare", "{tmp}/nothing.csv", "{tmp}/foreign.csv"], "no such file"),
     (["compare", "{tmp}/foreign.csv", "{tmp}/foreign.csv", "--threshold", "2"], "out of range"),
     (["compare", "{tmp}/foreign.csv", "{tmp}/foreign.csv", "--alpha", "0"], "argument --alpha: 0.0 is out of range; allowed: 0 < alpha < 1"),
+    (["ab", "no-such-ref", "--workloads", "dlrm", "--out", "{tmp}/ab"], "unknown REF 'no-such-ref'; allowed: a commit, branch or tag"),
+    (["ab", "HEAD", "--workloads", "resnet5", "--out", "{tmp}/ab"], "--workloads: unknown workload 'resnet5'; allowed: bert, dlrm"),
+    (["ab", "HEAD", "--frameworks", "jax,torch", "--out", "{tmp}/ab"], "--frameworks: unknown framework 'torch'; allowed: jax, tf"),
+    (["ab", "HEAD", "--workloads", "dlrm", "--preset", "huge", "--out", "{tmp}/ab"], "unknown preset 'huge' for dlrm"),
+    (["ab", "HEAD", "--workloads", "dlrm", "--set", "train.batch=3", "--out", "{tmp}/ab"], "train.batch: no such key"),
+    (["ab", "HEAD", "--rounds", "0"], "argument --rounds: 0 is out of range"),
+    (["ab", "HEAD", "--workloads", "dlrm", "--out", "{tmp}/file.txt"], "--out '{tmp}/file.txt' is a file; allowed: a folder"),
+    (["ab", "HEAD", "--workloads", "dlrm", "--out", "/proc/nope"], "--out '/proc/nope' cannot be written"),
+    (["changepoints", "{tmp}/nothing.csv"], "no such file"),
+    (["changepoints", "{tmp}/foreign.csv", "--alpha", "1"], "argument --alpha: 1.0 is out of range"),
     (["check", "{tmp}/nothing.log"], "no such log file"),
     (["check", "{tmp}/file.txt"], "has no submission_benchmark line"),
     (["describe", "resnet50", "--set", "model.width=0"], "model.width=0 is out of range"),
@@ -123,7 +133,8 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(cli, sandbox, args, mes
 
 
 def test_every_subcommand_has_help(cli):
-  for command in ("run", "list", "describe", "summarize", "compare", "check", "report"):
+  for command in ("run", "list", "describe", "summarize", "compare", "ab", "changepoints",
+                  "check", "report"):
     proc = cli(command, "--help")
     assert proc.returncode == 0 and "usage: run_benchmark.py " + command in proc.stdout
 

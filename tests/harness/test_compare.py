@@ -267,25 +267,52 @@ def test_gate_on_the_committed_baseline_planted_regressions_fail(tmp_path, workl
   assert cli.main(["compare", BASELINE, path]) == 1
 
 
-def _ci_runs(script, tmp_path):
-  """The run commands a workflow step's bash script makes: it runs here with `python` a shim
-  that records `python run_benchmark.py run ...` (argv after the script) and hands every other
-  call (`list --names`, the run count) to this interpreter."""
+def test_convergence_only_ignores_speed_and_still_fails_a_changed_seed(tmp_path):
+  """Two machines' CSVs (the CI's runs against the committed baseline): every run 40% slower
+  passes with --convergence-only (no speed test in the family), one seed one eval later still
+  fails, named."""
+  frame = results.read_csv(BASELINE)
+  slow = _scaled(tmp_path, "slow.csv", 1 / 0.6, 0.6)
+  assert cli.main(["compare", BASELINE, slow]) == 1
+  table = compare.compare(BASELINE, slow, speed=False)
+  assert set(table["verdict"]) == {"ok"} and table.attrs["tests"] == 0
+  assert table["p_speed_adj"].isna().all() and table["detectable_loss"].isna().all()
+  assert (table["throughput_ratio"] < 0.7).all()                # printed, not gated
+  assert cli.main(["compare", BASELINE, slow, "--convergence-only", "--require-all"]) == 0
+  later = frame.copy()
+  row = np.nonzero(((frame["workload"] == "dlrm") & (frame["framework"] == "jax")
+                    & (frame["seed"] == 101)).to_numpy())[0][0]
+  later.loc[row, "samples_to_converge"] += 1
+  later["throughput"] *= 0.6
+  path = str(tmp_path / "later.csv")
+  later[results.COLUMNS].to_csv(path, index=False)
+  table = compare.compare(BASELINE, path, speed=False).set_index(["workload", "framework"])
+  assert table.loc[("dlrm", "jax"), "verdict"].startswith("convergence changed (seed 101: ")
+  assert set(table.drop(index=("dlrm", "jax"))["verdict"]) == {"ok"}
+  assert cli.main(["compare", BASELINE, path, "--convergence-only"]) == 1
+
+
+def _ci_commands(script, tmp_path, command, env=None):
+  """The `python run_benchmark.py COMMAND ...` calls a workflow step's bash script makes: it
+  runs here with `python` a shim that records them (argv after the script) and hands every
+  other call to this interpreter."""
   import json
   import subprocess
   import sys
-  shim, record = tmp_path / "bin", tmp_path / "runs.jsonl"
-  shim.mkdir()
+  shim, record = tmp_path / "bin", tmp_path / "commands.jsonl"
+  shim.mkdir(exist_ok=True)
   (shim / "python").write_text(
       f"#!{sys.executable}\n"
       "import json, os, sys\n"
       "args = sys.argv[1:]\n"
-      "if args[:2] == ['run_benchmark.py', 'run']:\n"
+      f"if args[:2] == ['run_benchmark.py', {command!r}]:\n"
       f"  open({str(record)!r}, 'a').write(json.dumps(args[1:]) + '\\n')\n"
       "  sys.exit(0)\n"
       f"os.execv({sys.executable!r}, [{sys.executable!r}] + args)\n")
   (shim / "python").chmod(0o755)
-  env = dict(os.environ, PATH=f"{shim}{os.pathsep}{os.environ['PATH']}")
+  if record.exists():
+    record.unlink()
+  env = dict(os.environ, PATH=f"{shim}{os.pathsep}{os.environ['PATH']}", **(env or {}))
   proc = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", script], cwd=ROOT, env=env,
                         capture_output=True, text=True)
   assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -293,31 +320,53 @@ def _ci_runs(script, tmp_path):
 
 
 def test_the_documented_ci_workflow_runs_real_commands(tmp_path):
-  """docs/ci/regression.yml: its runs step, executed (GitHub's bash -e -o pipefail) with the run
-  commands recorded, runs every baseline group (each registered workload in both frameworks)
-  with its ruleset's run count; every run_benchmark.py command parses with our CLI, and the
-  compare step can fail the job (not continue-on-error)."""
+  """docs/ci/regression.yml: speed by `ab` against the baseline commit (its step executed as
+  GitHub runs it, bash -e -o pipefail, the command recorded): every registered workload in both
+  frameworks, 5 rounds a side from seed 100 (the fewest that can reject among 12 groups: 1/252
+  <= 0.05/12), --require-all, the REF of the event or, without one (a new branch: zeros),
+  HEAD~1; convergence by compare --convergence-only of the A/B's new rows against the committed
+  baseline, whose every group holds those seeds; change points and the report over the
+  history. Every run_benchmark.py command parses, and no gating step may continue on error."""
+  import subprocess
   with open(WORKFLOW) as f:
     workflow = yaml.safe_load(f)
   steps = workflow["jobs"]["regression"]["steps"]
   literal = [shlex.split(line.strip())[2:] for step in steps
              for line in step.get("run", "").splitlines()
              if line.strip().startswith("python run_benchmark.py") and "$" not in line]
-  runs_step = [s for s in steps if "run_benchmark.py run " in s.get("run", "")]
-  assert len(runs_step) == 1
-  made = _ci_runs(runs_step[0]["run"], tmp_path)
-  commands = literal + made
-  assert {c[0] for c in commands} == {"run", "compare", "report"}
+  ab_steps = [s for s in steps if "run_benchmark.py ab " in s.get("run", "")]
+  assert len(ab_steps) == 1 and "REF" in ab_steps[0]["env"]
+  head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
+                        text=True).stdout.strip()
+  refs = {"": "HEAD~1", "0" * 40: "HEAD~1"}
+  if head:
+    refs[head] = head
   parser = cli.build_parser()
-  runs = [parser.parse_args(c) for c in commands if c[0] == "run"]
-  assert sorted((r.workload, r.framework, r.runs) for r in runs) == sorted(   # every group,
-      (w, f, RUNS[w]) for w, f in GROUPS)                                      # its run count
-  assert all(r.results == "results/new.csv" and r.seed == 100 for r in runs)
-  assert any("--require-all" in c for c in commands)
+  for given, used in refs.items():
+    made = _ci_commands(ab_steps[0]["run"], tmp_path, "ab", {"REF": given})
+    assert len(made) == 1 and made[0][1] == used, (given, made)
+  ab_args = parser.parse_args(made[0])
+  groups, rounds, _ = cli.ab_groups(ab_args)
+  assert sorted(groups) == sorted(GROUPS) and set(rounds.values()) == {5}
+  assert compare._u_counts(5, 5).sum() == 252 and 1 / 252 <= 0.05 / len(GROUPS)
+  assert ab_args.seed == 100 and ab_args.require_all and ab_args.out == "results/ab"
+  commands = literal + made
+  assert {c[0] for c in commands} == {"ab", "compare", "changepoints", "report"}
   for command in commands:
     try:
       parser.parse_args(command)
     except UsageError as e:
       pytest.fail(f"{command}: {e}")
-  gate = [s for s in steps if "compare" in s.get("run", "")][0]
-  assert not gate.get("continue-on-error") and "if" not in gate
+  (gate,) = [parser.parse_args(c) for c in commands if c[0] == "compare"]
+  assert os.path.join(ROOT, gate.baseline) == BASELINE and gate.new == "results/ab/new.csv"
+  assert gate.convergence_only and gate.require_all
+  seeds = results.read_csv(BASELINE).groupby(["workload", "framework"])["seed"].apply(set)
+  assert all(set(range(100, 105)) <= seeds[g] for g in GROUPS)   # the A/B's seeds, every group
+  (history,) = [parser.parse_args(c) for c in commands if c[0] == "changepoints"]
+  assert history.csvs == ["pages/history.csv", "results/ab/new.csv"]
+  (report,) = [parser.parse_args(c) for c in commands if c[0] == "report"]
+  assert report.baseline == "results/ab/base.csv" and report.csvs == history.csvs
+  gating = [s for s in steps if "run_benchmark.py ab " in s.get("run", "")
+            or "run_benchmark.py compare " in s.get("run", "")]
+  assert len(gating) == 2 and not any(s.get("continue-on-error") for s in gating)
+  assert "if" not in ab_steps[0]

@@ -8,7 +8,8 @@ from tests.conftest import ROOT
 
 def test_harness_imports_no_framework():
   code = ("import sys, harness.cli, harness.driver, harness.mllog, harness.rules, "
-          "harness.results, harness.summarize, harness.compare, harness.compliance, "
+          "harness.results, harness.summarize, harness.compare, harness.ab, harness.changepoints, "
+          "harness.compliance, "
           "harness.registry, harness.report, harness.package_check, harness.tensorboard, "
           "harness.commsim.command, harness.commsim.tables, harness.commsim.functional; "
           "harness.registry.get('resnet50');"

@@ -41,3 +41,30 @@ def test_an_unmeasured_workload_s_slow_files_start_after_the_measured_ones():
   new = ["tests/newnet/test_newnet_end_to_end.py", "tests/newnet/test_newnet_distributed.py",
          "tests/newnet/test_newnet_parity.py", "tests/newnet/test_newnet_model.py"]
   assert [conftest.file_rank(p) for p in new] == [n, n + 1, n + 2, n + 3]
+
+
+def _literal_workload_lists(path, names):
+  """(line, the names) of each dict (by key), list, tuple or set literal in a file that names
+  two or more of `names`."""
+  import ast  # pylint: disable=import-outside-toplevel
+  found = []
+  for node in ast.walk(ast.parse(open(path).read())):
+    items = (node.keys if isinstance(node, ast.Dict) else
+             node.elts if isinstance(node, (ast.List, ast.Tuple, ast.Set)) else [])
+    named = [i.value for i in items if isinstance(i, ast.Constant) and i.value in names]
+    if len(set(named)) >= 2:
+      found.append((node.lineno, sorted(set(named))))
+  return found
+
+
+def test_no_hand_kept_list_of_workloads_outside_the_registry_and_the_folders():
+  """harness/ and bench/ name no two workloads (nor their MLPerf benchmarks) in one literal:
+  per-workload figures live in each workload's folder (its spec, bare_step.py) and are found
+  through the registry. The registry itself is the one list."""
+  names = set(registry.names()) | {registry.get(n).mlperf_benchmark for n in registry.names()}
+  files = [p for folder in ("harness", "bench")
+           for p in glob.glob(os.path.join(ROOT, folder, "**", "*.py"), recursive=True)
+           if os.path.relpath(p, ROOT) != os.path.join("harness", "registry.py")]
+  lists = {os.path.relpath(p, ROOT): found for p in files
+           for found in [_literal_workload_lists(p, names)] if found}
+  assert not lists, lists
