@@ -69,6 +69,15 @@ class TrainConfig:
     one_of(self, "precision", PRECISIONS)
 
 
+def as_synthetic(cfg, global_batch_size: int):
+  """A `synthetic` preset from the `reference` one: the same model and recipe on generated
+  batches (`data.source = "synthetic"`, what harness.workload.is_synthetic tests), at a batch
+  one machine holds; returns cfg."""
+  cfg.data.source = "synthetic"
+  cfg.train.global_batch_size = global_batch_size
+  return cfg
+
+
 # ----------------------------------------------------------------------------- validators
 
 def key_of(cfg, field: str) -> str:

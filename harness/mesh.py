@@ -275,6 +275,20 @@ def composition_refusal(framework: str, axes: dict, parallel: ParallelConfig) ->
   return None
 
 
+def check_runtime_axes(framework: str, shape: MeshShape, parallel: ParallelConfig,
+                       supported: tuple[str, ...]):
+  """ValueError when a runtime cannot run the mesh `shape`: an axis it does not run
+  (`supported`, the runtime's own list) or a composition COMPOSITION refuses. The runtimes'
+  check, for configs that did not come through the command line (which refused them already)."""
+  unsupported = [a for a in AXES if shape.size(a) > 1 and a not in supported]
+  if unsupported:
+    raise ValueError(f"--mesh axis {unsupported[0]}: the {framework} runtime does not run it "
+                     f"yet; allowed axes: {', '.join(supported)}")
+  refused = composition_refusal(framework, {a: shape.size(a) for a in AXES}, parallel)
+  if refused:
+    raise ValueError(refused)
+
+
 def check_workload_axes(shape: MeshShape, workload: str, workload_axes):
   """ValueError when the mesh splits an axis the workload has no dimension on (the trainers'
   check, for configs that did not come through the CLI)."""

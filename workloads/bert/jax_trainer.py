@@ -18,7 +18,6 @@ import jax
 import jax.numpy as jnp
 from flax.training import train_state
 
-from harness.pipeline import stage_ranges
 from workloads.bert import input_pipeline, jax_model, packing, spec
 from workloads.optim import jax_optimizers
 from workloads.parallel import jax_pipeline
@@ -51,12 +50,9 @@ def pipelined_loss_and_grads(model, runtime, cut, params, batch, rng, *, remat=F
   K or M. `rng`: the step's dropout key, None for no dropout. `weights`: the stage-owned layout
   (jax_stage_weights.StageWeights) `params` are stored in, or None for the whole tree on every
   device. -> (loss, grads in the form of `params`, iterations)."""
-  stages, count = runtime.stage, runtime.microbatches
-  ranges = stage_ranges(cut)
   global_batch, length = batch["input_ids"].shape
-  rows = global_batch // runtime.data // count
+  rows = global_batch // runtime.data // runtime.microbatches
   carry = jnp.full((rows, length, model.config.hidden_size), bubble_fill, model.dtype)
-  batch = {**batch, "example": jnp.arange(global_batch)}   # split over DATA like the rows
   train = rng is not None
   acc = jax_model.accumulation_dtype(model.dtype)
 
@@ -68,20 +64,15 @@ def pipelined_loss_and_grads(model, runtime, cut, params, batch, rng, *, remat=F
       return y, jnp.zeros((2,), acc)
     return jnp.zeros_like(y), jnp.stack(jax_model.loss_sums(*logits, micro)).astype(acc)
 
-  fns = jax_pipeline.stage_functions(ranges, weights, layers)
+  def denominators(batch):           # (masked tokens, samples) of the global batch
+    return tuple(jax.lax.psum(d, DATA) for d in jax_model.loss_denominators(batch, acc))
 
-  def local(params, batch):
-    masked, samples = (jax.lax.psum(d, DATA) for d in jax_model.loss_denominators(batch, acc))
+  def loss_of(sums, denominators):
+    masked, samples = denominators
+    return sums[0] / (masked + 1e-5) + sums[1] / samples
 
-    def loss_fn(p):
-      sums, iterations = jax_pipeline.run(fns, p, batch, carry, stages=stages,
-                                          microbatches_count=count, remat=remat)
-      return sums[0] / (masked + 1e-5) + sums[1] / samples, iterations
-    (loss, iterations), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
-    return jax_pipeline.reduced(loss, grads, iterations, weights)
-
-  specs = None if weights is None else weights.specs(params)
-  return jax_pipeline.sharded(runtime, local, 1, param_specs=specs)(params, batch)
+  return jax_pipeline.summed_loss_and_grads(runtime, cut, params, batch, carry, layers,
+                                            denominators, loss_of, remat=remat, weights=weights)
 
 
 def train_step(state, batch, *, runtime, pipelined=None):

@@ -11,9 +11,9 @@ import math
 import os
 
 from harness import rules
-from harness.config import TrainConfig, in_range, key_of, one_of, positive
+from harness.config import TrainConfig, as_synthetic, in_range, key_of, one_of, positive
+from harness.config_root import workload_config
 from harness.errors import UsageError
-from harness.mesh import ParallelConfig
 from harness.workload import Metric, WorkloadSpec
 from workloads.optim import schedules
 from workloads.optim.configs import LambConfig
@@ -83,13 +83,11 @@ class DataConfig:
     in_range(self, "packing_factor", 1.0, float(self.max_samples_per_row))
 
 
-@dataclasses.dataclass
+@workload_config
 class BertConfig:
-  model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
-  data: DataConfig = dataclasses.field(default_factory=DataConfig)
-  optimizer: LambConfig = dataclasses.field(default_factory=LambConfig)
-  train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
-  parallel: ParallelConfig = dataclasses.field(default_factory=ParallelConfig)
+  model: ModelConfig
+  data: DataConfig
+  optimizer: LambConfig
 
 
 def eval_interval_samples(global_batch_size: int) -> int:
@@ -123,10 +121,8 @@ def derive(cfg: BertConfig):
 
 
 def synthetic() -> BertConfig:
-  cfg = reference()
-  cfg.data.source = "synthetic"
-  cfg.data.init_checkpoint = ""
-  cfg.train.global_batch_size = 8
+  cfg = as_synthetic(reference(), global_batch_size=8)
+  cfg.data.init_checkpoint = ""               # generated batches: no checkpoint read
   return cfg
 
 
@@ -305,7 +301,7 @@ SPEC = WorkloadSpec(
     name="bert",
     mlperf_benchmark="bert",
     title="BERT-large pre-training (masked LM + next sentence) on Wikipedia",
-    metric=Metric("masked_lm_accuracy", "fraction"),
+    metric=Metric("masked_lm_accuracy", "fraction", counts="masked-LM tokens"),
     presets={"mini": mini, "reference": reference, "synthetic": synthetic, "tiny": tiny},
     trainer_modules={"jax": "workloads.bert.jax_trainer", "tf": "workloads.bert.tf_trainer"},
     input_pipeline_module="workloads.bert.input_pipeline",

@@ -16,3 +16,9 @@ def counts(logits, batch):
   """[correct, counted] of a padded eval batch (padding rows have mask 0)."""
   correct = (jnp.argmax(logits, -1) == batch["label"]) * batch["mask"]
   return jnp.stack([correct.sum(), batch["mask"].sum()])
+
+
+def eval_counts(apply_fn, variables, batch):
+  """The eval step of a batch-norm classifier: `counts` of the model with `variables`
+  ({'params', 'batch_stats'}) in inference mode on batch['image']."""
+  return counts(apply_fn(variables, batch["image"], train=False), batch)

@@ -14,9 +14,9 @@ import os
 import numpy as np
 
 from harness import cadence, rules
-from harness.config import TrainConfig, in_range, key_of, one_of, positive
+from harness.config import TrainConfig, as_synthetic, in_range, key_of, one_of, positive
+from harness.config_root import workload_config
 from harness.errors import UsageError
-from harness.mesh import ParallelConfig
 from harness.workload import Metric, WorkloadSpec
 from workloads.dlrm import embedding_plan
 from workloads.optim import schedules
@@ -89,13 +89,11 @@ class DataConfig:
     in_range(self, "mini_zipf", 0.0, None)
 
 
-@dataclasses.dataclass
+@workload_config
 class DlrmConfig:
-  model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
-  data: DataConfig = dataclasses.field(default_factory=DataConfig)
-  optimizer: AdagradConfig = dataclasses.field(default_factory=AdagradConfig)
-  train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
-  parallel: ParallelConfig = dataclasses.field(default_factory=ParallelConfig)
+  model: ModelConfig
+  data: DataConfig
+  optimizer: AdagradConfig
 
 
 def reference() -> DlrmConfig:
@@ -108,10 +106,7 @@ def reference() -> DlrmConfig:
 
 
 def synthetic() -> DlrmConfig:
-  cfg = reference()
-  cfg.data.source = "synthetic"
-  cfg.train.global_batch_size = 2048
-  return cfg
+  return as_synthetic(reference(), global_batch_size=2048)
 
 
 MINI_ROWS = (4000, 2000, 1000, 500, 200, 100, 40, 10, 4, 3)

@@ -11,18 +11,15 @@ every step as tf.train.ExponentialMovingAverage(decay, num_updates=step) does, w
 import functools
 
 import jax
-import jax.numpy as jnp
-from flax.training import train_state
 
 from workloads.common import jax_top1
 from workloads.efficientnet import jax_model, spec
 from workloads.optim import jax_optimizers
-from workloads.parallel import jax_runtime
-from workloads.parallel.jax_trainer_base import MeshTrainer, apply_update
+from workloads.parallel import jax_batch_norm, jax_runtime
+from workloads.parallel.jax_trainer_base import apply_update
 
 
-class TrainState(train_state.TrainState):
-  batch_stats: dict
+class TrainState(jax_batch_norm.TrainState):
   ema_params: dict
   ema_batch_stats: dict
   dropout_key: jax.Array
@@ -37,29 +34,26 @@ def ema_update(ema, new, decay, step):
 def loss_and_grads(apply_fn, params, batch_stats, batch, key, num_classes, label_smoothing,
                    l2=0.0):
   """`l2`: the weight of the loss's L2 term (the LARS recipe's; RMSProp's is in the optimizer)."""
-  def loss_fn(p):
-    logits, updates = apply_fn({"params": p, "batch_stats": batch_stats}, batch["image"],
-                               train=True, mutable=["batch_stats"], rngs={"dropout": key})
+  def loss_of(logits, p):
     loss = jax_top1.cross_entropy(logits, batch["label"], num_classes, label_smoothing)
     if l2:
       loss = loss + jax_optimizers.l2_term(p, l2)
-    return loss, updates
-  (loss, updates), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
-  return loss, grads, updates["batch_stats"]
+    return loss
+  return jax_batch_norm.loss_and_grads(apply_fn, params, batch_stats, batch, loss_of,
+                                       rngs={"dropout": key})
 
 
 def train_step(state, batch, *, runtime, num_classes, label_smoothing, ema_decay, l2):
   key = jax.random.fold_in(state.dropout_key, state.step)
   kw = dict(num_classes=num_classes, label_smoothing=label_smoothing, l2=l2)
-  if runtime.grouped_bn:                             # per device, BN pooled over groups
-    def local(params, batch_stats, local_batch):
-      # each device draws its own masks for its own examples
-      device_key = jax.random.fold_in(key, jax.lax.axis_index(jax_runtime.DATA))
-      return loss_and_grads(state.apply_fn, params, batch_stats, local_batch, device_key, **kw)
-    loss, grads, stats = runtime.grouped_bn_step(local)(state.params, state.batch_stats, batch)
-  else:
-    loss, grads, stats = loss_and_grads(state.apply_fn, state.params, state.batch_stats, batch,
-                                        key, **kw)
+
+  def step_loss_and_grads(params, batch_stats, step_batch):
+    step_key = key
+    if runtime.grouped_bn:       # per device: each draws its own masks for its own examples
+      step_key = jax.random.fold_in(key, jax.lax.axis_index(jax_runtime.DATA))
+    return loss_and_grads(state.apply_fn, params, batch_stats, step_batch, step_key, **kw)
+  loss, grads, stats = jax_batch_norm.grouped_or_global(state, batch, runtime,
+                                                        step_loss_and_grads)
   state = apply_update(state, grads, runtime, batch_stats=stats)
   state = state.replace(
       ema_params=ema_update(state.ema_params, state.params, ema_decay, state.step),
@@ -69,31 +63,28 @@ def train_step(state, batch, *, runtime, num_classes, label_smoothing, ema_decay
 
 def eval_step(state, batch):
   """Top-1 counts of the moving-average model."""
-  logits = state.apply_fn({"params": state.ema_params, "batch_stats": state.ema_batch_stats},
-                          batch["image"], train=False)
-  return jax_top1.counts(logits, batch)
+  return jax_top1.eval_counts(
+      state.apply_fn, {"params": state.ema_params, "batch_stats": state.ema_batch_stats}, batch)
 
 
-class EfficientNetTrainer(MeshTrainer):
+class EfficientNetTrainer(jax_batch_norm.BatchNormTrainer):
   spec = spec.SPEC
+  state_class = TrainState
 
   def __init__(self, cfg, ctx):
     super().__init__(cfg, ctx)
-    self.model = jax_model.build(cfg, self.dtype, "bn" if self.runtime.grouped_bn else None)
+    self.model = jax_model.build(cfg, self.dtype, self.bn_axis)
     opt = cfg.optimizer
     self.schedule = spec.schedule_for(cfg, self.train_examples)
     self.tx = (jax_optimizers.make_optimizer(opt, self.schedule, opt.lars_weight_decay)
                if opt.name == "lars" else jax_optimizers.make_rmsprop(opt, self.schedule))
 
   def create_state(self, rng):
-    size = self.cfg.data.image_size
     params_key, dropout_key = jax.random.split(rng)
-    variables = self.model.init(params_key, jnp.zeros((1, size, size, 3)), train=False)
-    return TrainState.create(apply_fn=self.model.apply, params=variables["params"], tx=self.tx,
-                             batch_stats=variables["batch_stats"],
-                             ema_params=variables["params"],
-                             ema_batch_stats=variables["batch_stats"],
-                             dropout_key=jax.random.key_data(dropout_key))
+    variables = self.init_variables(params_key)
+    return self.new_state(variables, ema_params=variables["params"],
+                          ema_batch_stats=variables["batch_stats"],
+                          dropout_key=jax.random.key_data(dropout_key))
 
   def train_step_fn(self, remat=None):
     del remat                                        # EfficientNet does not pipeline

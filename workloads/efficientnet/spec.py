@@ -7,12 +7,11 @@ cannot disagree on it; keras.applications.EfficientNetB* is the count reference.
 """
 import dataclasses
 import math
-import os
 
 from harness import cadence, mesh, rules
-from harness.config import TrainConfig, in_range, one_of, positive
+from harness.config import TrainConfig, as_synthetic, in_range, one_of, positive
+from harness.config_root import workload_config
 from harness.errors import UsageError
-from harness.mesh import ParallelConfig
 from harness.workload import TOP1, WorkloadSpec
 from workloads.common import image_batch
 from workloads.optim import schedules
@@ -138,13 +137,11 @@ class DataConfig:
     in_range(self, "mini_label_noise", 0.0, 0.99)
 
 
-@dataclasses.dataclass
+@workload_config
 class EfficientNetConfig:
-  model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
-  data: DataConfig = dataclasses.field(default_factory=DataConfig)
+  model: ModelConfig
+  data: DataConfig
   optimizer: RmsPropConfig | LarsPolyConfig = dataclasses.field(default_factory=RmsPropConfig)
-  train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
-  parallel: ParallelConfig = dataclasses.field(default_factory=ParallelConfig)
 
 
 def reference() -> EfficientNetConfig:
@@ -173,10 +170,7 @@ def large_batch() -> EfficientNetConfig:
 
 
 def synthetic() -> EfficientNetConfig:
-  cfg = reference()
-  cfg.data.source = "synthetic"
-  cfg.train.global_batch_size = 32
-  return cfg
+  return as_synthetic(reference(), global_batch_size=32)
 
 
 def mini() -> EfficientNetConfig:
@@ -272,12 +266,6 @@ def mllog_hyperparameters(cfg, train_examples: int) -> dict:
           "label_smoothing": opt.label_smoothing}
 
 
-def missing_data(cfg, data_dir) -> list[str]:
-  if cfg.data.source != "imagenet2012":
-    return []
-  return [] if os.path.isdir(os.path.join(data_dir, "imagenet2012")) else ["imagenet2012/"]
-
-
 SPEC = WorkloadSpec(
     name="efficientnet",
     mlperf_benchmark="efficientnet",
@@ -295,9 +283,7 @@ SPEC = WorkloadSpec(
     mesh_axes=("data",),
     batch_layout=image_batch.batch_layout,
     param_axes=PARAM_AXES,
-    missing_data=missing_data,
+    missing_data=image_batch.missing_data,
     needs_data_dir=("reference", "large_batch"),
-    data_dir_contents=("a tensorflow-datasets data dir holding a prepared imagenet2012/ "
-                       "(tfds build imagenet2012 --data_dir DIR, ILSVRC2012 tars in "
-                       "DIR/downloads/manual)"),
+    data_dir_contents=image_batch.DATA_DIR_CONTENTS,
 )

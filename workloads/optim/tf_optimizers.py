@@ -58,6 +58,29 @@ class _Optimizer(keras.optimizers.Optimizer):
     raise NotImplementedError
 
 
+class _TwoMoments(_Optimizer):
+  """Adam's two slots per variable, `m` and `v` (LAMB's and Adam's), and the step that reads
+  and writes them; a subclass's `moment_update(variable, gradient, m, v, learning_rate, step)`
+  -> (new variable, new m, new v) is its formula (`step`: updates including this one)."""
+
+  def build(self, var_list):
+    if self.built:
+      return
+    super().build(var_list)
+    self.moments = [self.add_variable_from_reference(v, "m") for v in var_list]
+    self.velocities = [self.add_variable_from_reference(v, "v") for v in var_list]
+
+  def update_step(self, gradient, variable, learning_rate):
+    index = self._get_variable_index(variable)
+    m, v = self.moments[index], self.velocities[index]
+    new_w, new_m, new_v = self.moment_update(
+        variable, ops.cast(gradient, variable.dtype), m, v,
+        ops.cast(learning_rate, variable.dtype), ops.cast(self.iterations + 1, variable.dtype))
+    self.assign(m, new_m)
+    self.assign(v, new_v)
+    self.assign(variable, new_w)
+
+
 class MLPerfMomentum(_Optimizer):
   """MLPerf LARS (`lars=True`) or SGD with momentum; weight decay on non-excluded variables."""
 
@@ -134,7 +157,7 @@ def make_optimizer(opt_cfg, schedule, decayed_variables, all_variables, dtype="f
   return optimizer
 
 
-class MLPerfLamb(_Optimizer):
+class MLPerfLamb(_TwoMoments):
   """LAMB as the MLPerf BERT reference computes it (formula: jax_optimizers.mlperf_lamb).
 
   Weight decay and the trust ratio apply to variables not excluded through
@@ -151,25 +174,11 @@ class MLPerfLamb(_Optimizer):
     self.weight_decay_rate, self.beta_1, self.beta_2 = weight_decay_rate, beta_1, beta_2
     self.epsilon, self.clip_norm = epsilon, clip_norm
 
-  def build(self, var_list):
-    if self.built:
-      return
-    super().build(var_list)
-    self.moments = [self.add_variable_from_reference(v, "m") for v in var_list]
-    self.velocities = [self.add_variable_from_reference(v, "v") for v in var_list]
-
-  def update_step(self, gradient, variable, learning_rate):
-    index = self._get_variable_index(variable)
-    m, v = self.moments[index], self.velocities[index]
+  def moment_update(self, variable, gradient, m, v, learning_rate, step):
     decayed = self._use_weight_decay(variable)
     norm = lambda x: ops.sqrt(ops.sum(ops.square(x)))
-    new_w, new_m, new_v = lamb_update(
-        variable, ops.cast(gradient, variable.dtype), m, v,
-        ops.cast(learning_rate, variable.dtype), ops.cast(self.iterations + 1, variable.dtype),
-        1.0 if decayed else 0.0, norm if decayed else None, **self.hyper())
-    self.assign(m, new_m)
-    self.assign(v, new_v)
-    self.assign(variable, new_w)
+    return lamb_update(variable, gradient, m, v, learning_rate, step, 1.0 if decayed else 0.0,
+                       norm if decayed else None, **self.hyper())
 
   def hyper(self):
     return dict(beta_1=self.beta_1, beta_2=self.beta_2, epsilon=self.epsilon,
@@ -264,7 +273,7 @@ def make_rmsprop(opt_cfg, schedule, excluded_variables, dtype="float32"):
   return optimizer
 
 
-class TfAdam(_Optimizer):
+class TfAdam(_TwoMoments):
   """Adam as TF's ApplyAdam (formula: jax_optimizers.tf_adam), the MLPerf Transformer
   reference's optimizer on dense gradients. Keras' own Adam computes the same update, but it
   has no flat rule for weight-update sharding and would re-sum the replicas' gradients."""
@@ -274,23 +283,8 @@ class TfAdam(_Optimizer):
     super().__init__(learning_rate=learning_rate, name=name, **kwargs)
     self.beta_1, self.beta_2, self.epsilon = beta_1, beta_2, epsilon
 
-  def build(self, var_list):
-    if self.built:
-      return
-    super().build(var_list)
-    self.moments = [self.add_variable_from_reference(v, "m") for v in var_list]
-    self.velocities = [self.add_variable_from_reference(v, "v") for v in var_list]
-
-  def update_step(self, gradient, variable, learning_rate):
-    index = self._get_variable_index(variable)
-    m, v = self.moments[index], self.velocities[index]
-    new_w, new_m, new_v = adam_update(
-        variable, ops.cast(gradient, variable.dtype), m, v,
-        ops.cast(learning_rate, variable.dtype), ops.cast(self.iterations + 1, variable.dtype),
-        **self.hyper())
-    self.assign(m, new_m)
-    self.assign(v, new_v)
-    self.assign(variable, new_w)
+  def moment_update(self, variable, gradient, m, v, learning_rate, step):
+    return adam_update(variable, gradient, m, v, learning_rate, step, **self.hyper())
 
   def hyper(self):
     return dict(beta_1=self.beta_1, beta_2=self.beta_2, epsilon=self.epsilon)

@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
+from harness.pipeline import stage_ranges
 from workloads.parallel import jax_layers
 from workloads.parallel.jax_runtime import DATA
 
@@ -104,6 +105,35 @@ def reduced(loss, grads, iterations, weights=None):
   grads = (jax.lax.psum(grads, every) if weights is None
            else weights.sum_gradients(grads, every, DATA))
   return jax.lax.psum(loss, every), grads, jax.lax.pmax(iterations, every)
+
+
+def summed_loss_and_grads(runtime, cut, params, batch, carry, layers, denominators, loss_of, *,
+                          remat=False, weights=None):
+  """The pipelined loss of a model whose stages hand on one boundary (BERT's, the
+  Transformer's) and whose last stage sums its loss's numerators: the stages cut per `cut`
+  run `layers(params, x, micro, start, end)` -> (what the stage hands on, its sums) on
+  micro-batches whose examples are numbered (dropout keyed by example: no number depends on K
+  or M), from `carry` (one micro-batch's boundary). Per device (inside `sharded`),
+  `denominators(batch)` (summed over DATA) and `loss_of(sums over this device's micro-batches,
+  denominators)` give the loss. `weights`: the stage-owned layout (jax_stage_weights.
+  StageWeights) `params` are stored in, or None for the whole tree on every device.
+  -> (loss, grads in the form of `params`, iterations run)."""
+  global_batch = jax.tree.leaves(batch)[0].shape[0]      # every feature's rows: the examples
+  batch = {**batch, "example": jnp.arange(global_batch)}   # split over DATA like the rows
+  fns = stage_functions(stage_ranges(cut), weights, layers)
+
+  def local(params, batch):
+    per_batch = denominators(batch)
+
+    def loss_fn(p):
+      sums, iterations = run(fns, p, batch, carry, stages=runtime.stage,
+                             microbatches_count=runtime.microbatches, remat=remat)
+      return loss_of(sums, per_batch), iterations
+    (loss, iterations), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+    return reduced(loss, grads, iterations, weights)
+
+  specs = None if weights is None else weights.specs(params)
+  return sharded(runtime, local, 1, param_specs=specs)(params, batch)
 
 
 def sharded(runtime, local_fn, replicated_args, param_specs=None, outputs=3):

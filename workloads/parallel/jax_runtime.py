@@ -108,14 +108,7 @@ class MeshRuntime:
     self.abstract = describing and wanted > len(devices)
     self.shape = shape = mesh_lib.mesh_shape(parallel, wanted if self.abstract else len(devices),
                                              global_batch_size)
-    unsupported = [a for a in mesh_lib.AXES if shape.size(a) > 1 and a not in SUPPORTED_AXES]
-    if unsupported:
-      raise ValueError(f"--mesh axis {unsupported[0]}: the jax runtime does not run it yet; "
-                       f"allowed axes: {', '.join(SUPPORTED_AXES)}")
-    refused = mesh_lib.composition_refusal("jax", {a: shape.size(a) for a in mesh_lib.AXES},
-                                           parallel)
-    if refused:                   # harness.mesh's table (the command line refused it already)
-      raise ValueError(refused)
+    mesh_lib.check_runtime_axes("jax", shape, parallel, SUPPORTED_AXES)
     data, group = shape.data, shape.bn_group_size
     self.parallel = parallel
     self.data, self.model, self.spatial = data, shape.model, shape.spatial

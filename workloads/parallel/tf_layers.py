@@ -176,6 +176,22 @@ def kernel_variables(model):
   return [layer.kernel for layer in model.layers if isinstance(layer, kinds)]
 
 
+def bias_free_convs(init):
+  """(conv, padded_conv) of a backbone whose convolutions a batch norm follows (no bias), each
+  kernel from a new `init()` (an initializer draws its seed when made: after
+  keras.utils.set_random_seed, the same every build). conv(filters, kernel, strides, name,
+  dtype): VALID; padded_conv(lay, pad, filters, kernel, strides, name): `lay`'s (RuntimeLayers)
+  symmetric zero pad, as torchvision's convs and the MLPerf references' `fixed_padding`."""
+  def conv(filters, kernel, strides=1, name=None, dtype=None):
+    return layers.Conv2D(filters, kernel, strides=strides, padding="valid", use_bias=False,
+                         kernel_initializer=init(), name=name, dtype=dtype)
+
+  def padded_conv(lay, pad, filters, kernel, strides, name):
+    return lay.padded_conv(pad, filters, kernel, strides, use_bias=False,
+                           kernel_initializer=init(), name=name, dtype=lay.dtype)
+  return conv, padded_conv
+
+
 class RuntimeLayers:
   """The layers of a conv net that change when it runs across replicas, for every conv-net
   workload (ResNet, SSD's backbone, EfficientNet): batch norm pooled over replica groups,

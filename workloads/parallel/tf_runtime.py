@@ -145,14 +145,7 @@ class StrategyRuntime:
                  or tf.config.list_logical_devices("CPU")]
       available = len(devices)
     self.shape = shape = mesh_lib.mesh_shape(parallel, available, global_batch_size)
-    unsupported = [a for a in mesh_lib.AXES if shape.size(a) > 1 and a not in SUPPORTED_AXES]
-    if unsupported:
-      raise ValueError(f"--mesh axis {unsupported[0]}: the tf runtime does not run it yet; "
-                       f"allowed axes: {', '.join(SUPPORTED_AXES)}")
-    refused = mesh_lib.composition_refusal("tf", {a: shape.size(a) for a in mesh_lib.AXES},
-                                           parallel)
-    if refused:                   # harness.mesh's table (the command line refused it already)
-      raise ValueError(refused)
+    mesh_lib.check_runtime_axes("tf", shape, parallel, SUPPORTED_AXES)
     data, spatial, group = shape.data, shape.spatial, shape.bn_group_size
     self.model, self.expert = shape.model, shape.expert
     # The batch is split over data x expert (harness.mesh's 'batch' rule): to everything that

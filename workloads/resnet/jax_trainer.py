@@ -10,29 +10,21 @@ import functools
 
 import jax
 import jax.numpy as jnp
-from flax.training import train_state
 
 from harness.pipeline import stage_ranges
 from workloads.common import jax_top1
 from workloads.optim import jax_optimizers, schedules
-from workloads.parallel import jax_pipeline
+from workloads.parallel import jax_batch_norm, jax_pipeline
 from workloads.parallel.jax_runtime import DATA
-from workloads.parallel.jax_trainer_base import MeshTrainer, apply_update
+from workloads.parallel.jax_trainer_base import apply_update
 from workloads.resnet import jax_model, spec
 
 
-
-class TrainState(train_state.TrainState):
-  batch_stats: dict
-
-
 def loss_and_grads(apply_fn, params, batch_stats, batch, num_classes, label_smoothing):
-  def loss_fn(p):
-    logits, updates = apply_fn({"params": p, "batch_stats": batch_stats}, batch["image"],
-                               train=True, mutable=["batch_stats"])
-    return jax_top1.cross_entropy(logits, batch["label"], num_classes, label_smoothing), updates
-  (loss, updates), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
-  return loss, grads, updates["batch_stats"]
+  return jax_batch_norm.loss_and_grads(
+      apply_fn, params, batch_stats, batch,
+      lambda logits, _: jax_top1.cross_entropy(logits, batch["label"], num_classes,
+                                               label_smoothing))
 
 
 def pipelined_loss_and_grads(model, runtime, cut, params, batch_stats, batch, *, num_classes,
@@ -95,40 +87,26 @@ def train_step(state, batch, *, runtime, num_classes, label_smoothing, pipelined
   kw = dict(num_classes=num_classes, label_smoothing=label_smoothing)
   if pipelined is not None:                          # GPipe over 'stage' and micro-batches
     loss, grads, stats, _ = pipelined(state.params, state.batch_stats, batch, **kw)
-  elif runtime.grouped_bn:                             # per device, BN pooled over groups
-    step = runtime.grouped_bn_step(functools.partial(loss_and_grads, state.apply_fn, **kw))
-    loss, grads, stats = step(state.params, state.batch_stats, batch)
   else:
-    loss, grads, stats = loss_and_grads(state.apply_fn, state.params, state.batch_stats,
-                                        batch, **kw)
+    loss, grads, stats = jax_batch_norm.grouped_or_global(
+        state, batch, runtime, functools.partial(loss_and_grads, state.apply_fn, **kw))
   return apply_update(state, grads, runtime, batch_stats=stats), loss
 
 
 def eval_step(state, batch):
-  logits = state.apply_fn({"params": state.params, "batch_stats": state.batch_stats},
-                          batch["image"], train=False)
-  return jax_top1.counts(logits, batch)
+  return jax_top1.eval_counts(state.apply_fn,
+                              {"params": state.params, "batch_stats": state.batch_stats}, batch)
 
 
-class ResNetTrainer(MeshTrainer):
+class ResNetTrainer(jax_batch_norm.BatchNormTrainer):
   spec = spec.SPEC
   owns_stage_weights = True
 
   def __init__(self, cfg, ctx):
     super().__init__(cfg, ctx)
-    rt = self.runtime
-    # batch norm pools over the 'bn' groups (grouped), over the data replicas of a pipeline
-    # (shard_map: explicit), else over the batch GSPMD spreads over the mesh (implicit)
-    bn_axis = "bn" if rt.grouped_bn else DATA if self.stage_cut and rt.data > 1 else None
-    self.model = jax_model.build(cfg, self.dtype, bn_axis)
+    self.model = jax_model.build(cfg, self.dtype, self.bn_axis)
     self.schedule = schedules.warmup_poly_for(cfg.optimizer, cfg.train, self.train_examples)
-    self.tx = jax_optimizers.make_optimizer(cfg.optimizer, self.schedule)   # one object: the
-                                                          # state's pytree metadata must match
-  def create_state(self, rng):
-    size = self.cfg.data.image_size
-    variables = self.model.init(rng, jnp.zeros((1, size, size, 3)), train=False)
-    return TrainState.create(apply_fn=self.model.apply, params=variables["params"], tx=self.tx,
-                             batch_stats=variables["batch_stats"])
+    self.tx = jax_optimizers.make_optimizer(cfg.optimizer, self.schedule)
 
   def layer_profile(self, rows):
     """[(forward FLOPs, output bytes)] per pipeline layer on `rows` images (simulate)."""

@@ -1,11 +1,10 @@
 """ResNet-50 v1.5 on ImageNet (MLPerf `resnet`): configs and presets, framework-neutral."""
 import dataclasses
-import os
 
 from harness import cadence, mesh, rules
-from harness.config import TrainConfig, in_range, key_of, one_of, positive
+from harness.config import TrainConfig, as_synthetic, in_range, key_of, one_of, positive
+from harness.config_root import workload_config
 from harness.errors import UsageError
-from harness.mesh import ParallelConfig
 from harness.workload import TOP1, WorkloadSpec
 from workloads.common import image_batch
 from workloads.optim import schedules
@@ -47,13 +46,11 @@ class DataConfig:
     in_range(self, "mini_label_noise", 0.0, 0.99)
 
 
-@dataclasses.dataclass
+@workload_config
 class ResNetConfig:
-  model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
-  data: DataConfig = dataclasses.field(default_factory=DataConfig)
-  optimizer: LarsSgdConfig = dataclasses.field(default_factory=LarsSgdConfig)
-  train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
-  parallel: ParallelConfig = dataclasses.field(default_factory=ParallelConfig)
+  model: ModelConfig
+  data: DataConfig
+  optimizer: LarsSgdConfig
 
 
 def reference() -> ResNetConfig:
@@ -70,10 +67,7 @@ def reference() -> ResNetConfig:
 
 
 def synthetic() -> ResNetConfig:
-  cfg = reference()
-  cfg.data.source = "synthetic"
-  cfg.train.global_batch_size = 32
-  return cfg
+  return as_synthetic(reference(), global_batch_size=32)
 
 
 def mini() -> ResNetConfig:
@@ -162,13 +156,6 @@ def check_framework(cfg, framework):
                              cfg.parallel.axes()["spatial"])
 
 
-def missing_data(cfg, data_dir) -> list[str]:
-  """tensorflow-datasets keeps a prepared dataset in <data_dir>/<name>/<version>/."""
-  if cfg.data.source != "imagenet2012":
-    return []
-  return [] if os.path.isdir(os.path.join(data_dir, "imagenet2012")) else ["imagenet2012/"]
-
-
 SPEC = WorkloadSpec(
     name="resnet50",
     mlperf_benchmark="resnet",
@@ -187,9 +174,7 @@ SPEC = WorkloadSpec(
     batch_layout=image_batch.batch_layout,
     param_axes=PARAM_AXES,
     pipeline_layers=pipeline_layers,
-    missing_data=missing_data,
+    missing_data=image_batch.missing_data,
     check_framework=check_framework,
-    data_dir_contents=("a tensorflow-datasets data dir holding a prepared imagenet2012/ "
-                       "(tfds build imagenet2012 --data_dir DIR, ILSVRC2012 tars in "
-                       "DIR/downloads/manual)"),
+    data_dir_contents=image_batch.DATA_DIR_CONTENTS,
 )

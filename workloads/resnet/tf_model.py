@@ -24,16 +24,7 @@ from workloads.resnet.spec import check_spatial_partitions  # neutral: cli check
 # its own seed when constructed, so one made at import would differ from process to process.
 conv_init = lambda: keras.initializers.VarianceScaling(2.0, "fan_out", "truncated_normal")
 dense_init = lambda: keras.initializers.RandomNormal(stddev=0.01)
-
-
-def _conv(filters, kernel, strides=1, name=None, dtype=None):
-  return layers.Conv2D(filters, kernel, strides=strides, padding="valid", use_bias=False,
-                       kernel_initializer=conv_init(), name=name, dtype=dtype)
-
-
-def _padded_conv(lay, pad, filters, kernel, strides, name):
-  return lay.padded_conv(pad, filters, kernel, strides, use_bias=False,
-                         kernel_initializer=conv_init(), name=name, dtype=lay.dtype)
+_conv, _padded_conv = tf_layers.bias_free_convs(conv_init)
 
 
 def _bottleneck(x, filters, strides, prefix, lay):

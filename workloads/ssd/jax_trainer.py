@@ -10,32 +10,22 @@ import functools
 
 import jax
 import jax.numpy as jnp
-from flax.training import train_state
 
 from workloads.optim import jax_optimizers
-from workloads.parallel.jax_trainer_base import MeshTrainer, apply_update
+from workloads.parallel import jax_batch_norm
+from workloads.parallel.jax_trainer_base import apply_update
 from workloads.ssd import boxes, checkpoint, host_eval, jax_model, spec
 
 
-class TrainState(train_state.TrainState):
-  batch_stats: dict
-
-
 def loss_and_grads(apply_fn, params, batch_stats, batch):
-  def loss_fn(p):
-    (locs, logits), updates = apply_fn({"params": p, "batch_stats": batch_stats},
-                                       batch["image"], train=True, mutable=["batch_stats"])
-    return jax_model.ssd_loss(locs, logits, batch["boxes"], batch["labels"]), updates
-  (loss, updates), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
-  return loss, grads, updates["batch_stats"]
+  return jax_batch_norm.loss_and_grads(
+      apply_fn, params, batch_stats, batch,
+      lambda outputs, _: jax_model.ssd_loss(*outputs, batch["boxes"], batch["labels"]))
 
 
 def train_step(state, batch, *, runtime):
-  if runtime.grouped_bn:                             # per device, BN pooled over groups
-    step = runtime.grouped_bn_step(functools.partial(loss_and_grads, state.apply_fn))
-    loss, grads, stats = step(state.params, state.batch_stats, batch)
-  else:
-    loss, grads, stats = loss_and_grads(state.apply_fn, state.params, state.batch_stats, batch)
+  loss, grads, stats = jax_batch_norm.grouped_or_global(
+      state, batch, runtime, functools.partial(loss_and_grads, state.apply_fn))
   return apply_update(state, grads, runtime, batch_stats=stats), loss
 
 
@@ -51,12 +41,12 @@ def candidates(locs, logits, dboxes, k):
   return picked, scores
 
 
-class SsdTrainer(MeshTrainer):
+class SsdTrainer(jax_batch_norm.BatchNormTrainer):
   spec = spec.SPEC
 
   def __init__(self, cfg, ctx):
     super().__init__(cfg, ctx)
-    self.model = jax_model.build(cfg, self.dtype, "bn" if self.runtime.grouped_bn else None)
+    self.model = jax_model.build(cfg, self.dtype, self.bn_axis)
     self.schedule = spec.schedule_for(cfg, self.train_examples)
     opt = cfg.optimizer
     # torch SGD: weight decay on every parameter (the reference passes all to one group)
@@ -64,12 +54,6 @@ class SsdTrainer(MeshTrainer):
         lambda step: self.schedule(step, ops=jnp), opt.weight_decay, opt.momentum,
                                           mask=None)
     self.dboxes = boxes.default_boxes(**spec.anchor_geometry(cfg))
-
-  def create_state(self, rng):
-    size = self.cfg.data.image_size
-    variables = self.model.init(rng, jnp.zeros((1, size, size, 3)), train=False)
-    return TrainState.create(apply_fn=self.model.apply, params=variables["params"], tx=self.tx,
-                             batch_stats=variables["batch_stats"])
 
   def load_weights(self, state, shardings):
     """The ImageNet backbone, placed as the init was (without --data-dir, e.g. describe's

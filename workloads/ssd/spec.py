@@ -14,9 +14,9 @@ import math
 import os
 
 from harness import cadence, mesh, rules
-from harness.config import TrainConfig, in_range, key_of, one_of, positive
+from harness.config import TrainConfig, as_synthetic, in_range, key_of, one_of, positive
+from harness.config_root import workload_config
 from harness.errors import UsageError
-from harness.mesh import ParallelConfig
 from harness.workload import Metric, WorkloadSpec, is_synthetic
 from workloads.optim import schedules
 from workloads.optim.configs import SgdStepConfig
@@ -89,13 +89,11 @@ class DataConfig:
     in_range(self, "mini_pixel_noise", 0.0, None)
 
 
-@dataclasses.dataclass
+@workload_config
 class SsdConfig:
-  model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
-  data: DataConfig = dataclasses.field(default_factory=DataConfig)
-  optimizer: SgdStepConfig = dataclasses.field(default_factory=SgdStepConfig)
-  train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
-  parallel: ParallelConfig = dataclasses.field(default_factory=ParallelConfig)
+  model: ModelConfig
+  data: DataConfig
+  optimizer: SgdStepConfig
 
 
 # ----------------------------------------------------------------------------- geometry
@@ -162,10 +160,8 @@ def reference() -> SsdConfig:
 
 
 def synthetic() -> SsdConfig:
-  cfg = reference()
-  cfg.model.backbone_checkpoint = ""
-  cfg.data.source = "synthetic"
-  cfg.train.global_batch_size = 32
+  cfg = as_synthetic(reference(), global_batch_size=32)
+  cfg.model.backbone_checkpoint = ""          # generated images: no backbone weights read
   return cfg
 
 

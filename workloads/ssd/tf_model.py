@@ -24,15 +24,7 @@ def torch_bias_init(fan_in):
   return keras.initializers.RandomUniform(-bound, bound)
 
 
-def _conv(filters, kernel, strides=1, name=None, dtype=None):
-  return layers.Conv2D(filters, kernel, strides=strides, padding="valid", use_bias=False,
-                       kernel_initializer=backbone_init(), name=name, dtype=dtype)
-
-
-def _padded_conv(lay, pad, filters, kernel, strides, name):
-  """A symmetric zero pad then VALID, as torchvision's convs; in the conv op (tf_layers)."""
-  return lay.padded_conv(pad, filters, kernel, strides, use_bias=False,
-                         kernel_initializer=backbone_init(), name=name, dtype=lay.dtype)
+_conv, _padded_conv = tf_layers.bias_free_convs(backbone_init)
 
 
 def _basic_block(x, filters, strides, project, prefix, lay, rows):

@@ -152,7 +152,10 @@ def _apply_ffn(ffn, x, real, train):
   return ffn(x, train)
 
 
-class EncoderLayer(nn.Module):
+class SelfAttentionLayer(nn.Module):
+  """What an encoder and a decoder layer share: self-attention and the feed-forward (layer
+  `index`'s: model.moe may make it experts), each after its own norm, and the dropout on what
+  each adds to the residual."""
   cfg: Any
   dtype: Any = jnp.float32
   index: int = 0
@@ -165,6 +168,8 @@ class EncoderLayer(nn.Module):
     self.ffn_norm = _norm(self.dtype)
     self.residual_dropout = ExampleDropout(c.dropout)
 
+
+class EncoderLayer(SelfAttentionLayer):
   def __call__(self, x, bias, train, real=None):
     drop = lambda y: self.residual_dropout(y, deterministic=not train)
     y = self.self_attention_norm(x)
@@ -172,21 +177,13 @@ class EncoderLayer(nn.Module):
     return x + drop(_apply_ffn(self.ffn, self.ffn_norm(x), real, train))
 
 
-class DecoderLayer(nn.Module):
-  cfg: Any
-  dtype: Any = jnp.float32
-  index: int = 0
-
+class DecoderLayer(SelfAttentionLayer):
   def setup(self):
+    super().setup()
     c = self.cfg
-    self.self_attention = Attention(c.hidden_size, c.num_heads, c.attention_dropout, self.dtype)
-    self.self_attention_norm = _norm(self.dtype)
     self.encdec_attention = Attention(c.hidden_size, c.num_heads, c.attention_dropout,
                                       self.dtype)
     self.encdec_attention_norm = _norm(self.dtype)
-    self.ffn = _ffn(c, self.index, self.dtype)
-    self.ffn_norm = _norm(self.dtype)
-    self.residual_dropout = ExampleDropout(c.dropout)
 
   def _rest(self, x, encdec_k, encdec_v, encoder_bias, train, real=None):
     drop = lambda y: self.residual_dropout(y, deterministic=not train)
@@ -217,36 +214,39 @@ class DecoderLayer(nn.Module):
     return x, {**cache, "k": keys, "v": values}
 
 
-class Encoder(nn.Module):
+class LayerStack(nn.Module):
+  """cfg.num_layers layers of the subclass's `layer_class` (`layer_0`, ...; each re-materialized
+  per parallel.remat_policy, its `train` argument, at `train_argnum`, static), then the
+  output norm."""
   cfg: Any
   dtype: Any = jnp.float32
   remat_policy: str = ""
+  layer_class = None
+  train_argnum = None
 
   def setup(self):
-    layer = remat_block(EncoderLayer, self.remat_policy, (3,))
-    for i in range(self.cfg.num_layers):
-      setattr(self, f"layer_{i}", layer(self.cfg, self.dtype, i))
-    self.output_norm = _norm(self.dtype)
-
-  def __call__(self, x, bias, train, real=None):
-    for i in range(self.cfg.num_layers):
-      x = getattr(self, f"layer_{i}")(x, bias, train, real)
-    return self.output_norm(x)
-
-
-class Decoder(nn.Module):
-  cfg: Any
-  dtype: Any = jnp.float32
-  remat_policy: str = ""
-
-  def setup(self):
-    layer = remat_block(DecoderLayer, self.remat_policy, (5,))
+    layer = remat_block(self.layer_class, self.remat_policy, (self.train_argnum,))
     for i in range(self.cfg.num_layers):
       setattr(self, f"layer_{i}", layer(self.cfg, self.dtype, i))
     self.output_norm = _norm(self.dtype)
 
   def layers(self):
     return [getattr(self, f"layer_{i}") for i in range(self.cfg.num_layers)]
+
+
+class Encoder(LayerStack):
+  layer_class = EncoderLayer
+  train_argnum = 3
+
+  def __call__(self, x, bias, train, real=None):
+    for layer in self.layers():
+      x = layer(x, bias, train, real)
+    return self.output_norm(x)
+
+
+class Decoder(LayerStack):
+  layer_class = DecoderLayer
+  train_argnum = 5
 
   def __call__(self, x, encoded, self_bias, encoder_bias, train, real=None):
     for layer in self.layers():

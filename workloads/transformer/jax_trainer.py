@@ -14,7 +14,6 @@ import jax
 import jax.numpy as jnp
 from flax.training import train_state
 
-from harness.pipeline import stage_ranges
 from workloads.optim import jax_optimizers
 from workloads.parallel import jax_moe, jax_pipeline
 from workloads.parallel.jax_runtime import DATA
@@ -51,13 +50,10 @@ def pipelined_loss_and_grads(model, runtime, cut, params, batch, rng, *, label_s
   `rng`: the step's dropout key, None for no dropout. `weights`: the stage-owned layout
   (jax_stage_weights.StageWeights) `params` are stored in, or None for the whole tree on every
   device. -> (loss, grads in the form of `params`, iterations run)."""
-  stages, count = runtime.stage, runtime.microbatches
-  ranges = stage_ranges(cut)
   global_batch, length = batch["targets"].shape
-  rows = global_batch // runtime.data // count
+  rows = global_batch // runtime.data // runtime.microbatches
   boundary = jnp.full((rows, length, model.cfg.hidden_size), bubble_fill, model.dtype)
   carry = {"encoded": boundary, "decoded": boundary}
-  batch = {**batch, "example": jnp.arange(global_batch)}   # split over DATA like the rows
   train = rng is not None
 
   def layers(p, x, micro, start, end):
@@ -70,20 +66,14 @@ def pipelined_loss_and_grads(model, runtime, cut, params, batch, rng, *, label_s
     total, _ = jax_model.smoothed_cross_entropy(logits, micro["targets"], label_smoothing)
     return jax.tree.map(jnp.zeros_like, y), total
 
-  fns = jax_pipeline.stage_functions(ranges, weights, layers)
+  def tokens(batch):                 # the global batch's target tokens
+    return jax.lax.psum(jnp.sum(batch["targets"] != jax_model.PAD_ID), DATA)
 
-  def local(params, batch):
-    tokens = jax.lax.psum(jnp.sum(batch["targets"] != jax_model.PAD_ID), DATA)
+  def loss_of(total, tokens):
+    return total / jnp.maximum(tokens, 1).astype(total.dtype)
 
-    def loss_fn(p):
-      total, iterations = jax_pipeline.run(fns, p, batch, carry, stages=stages,
-                                           microbatches_count=count, remat=remat)
-      return total / jnp.maximum(tokens, 1).astype(total.dtype), iterations
-    (loss, iterations), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
-    return jax_pipeline.reduced(loss, grads, iterations, weights)
-
-  specs = None if weights is None else weights.specs(params)
-  return jax_pipeline.sharded(runtime, local, 1, param_specs=specs)(params, batch)
+  return jax_pipeline.summed_loss_and_grads(runtime, cut, params, batch, carry, layers, tokens,
+                                            loss_of, remat=remat, weights=weights)
 
 
 def train_step(state, batch, *, label_smoothing, runtime, pipelined=None):

@@ -18,9 +18,9 @@ import dataclasses
 import os
 
 from harness import cadence, rules
-from harness.config import TrainConfig, in_range, key_of, one_of, positive
+from harness.config import TrainConfig, as_synthetic, in_range, key_of, one_of, positive
+from harness.config_root import workload_config
 from harness.errors import UsageError
-from harness.mesh import ParallelConfig
 from harness.workload import Metric, WorkloadSpec
 from workloads.common import mini_cache
 from workloads.common.moe import MoEConfig, check_groups
@@ -103,13 +103,11 @@ class DataConfig:
     in_range(self, "train_examples", 0, None)
 
 
-@dataclasses.dataclass
+@workload_config
 class TransformerConfig:
-  model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
-  data: DataConfig = dataclasses.field(default_factory=DataConfig)
-  optimizer: AdamConfig = dataclasses.field(default_factory=AdamConfig)
-  train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
-  parallel: ParallelConfig = dataclasses.field(default_factory=ParallelConfig)
+  model: ModelConfig
+  data: DataConfig
+  optimizer: AdamConfig
 
 
 def reference() -> TransformerConfig:
@@ -125,10 +123,7 @@ def reference() -> TransformerConfig:
 
 
 def synthetic() -> TransformerConfig:
-  cfg = reference()
-  cfg.data.source = "synthetic"
-  cfg.train.global_batch_size = 16
-  return cfg
+  return as_synthetic(reference(), global_batch_size=16)
 
 
 def mini() -> TransformerConfig:
