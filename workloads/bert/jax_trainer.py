@@ -175,5 +175,4 @@ class BertTrainer(MeshTrainer):
     return eval_step(state, batch)
 
 
-def make_trainer(cfg, ctx):
-  return BertTrainer(cfg, ctx)
+make_trainer = BertTrainer        # WorkloadSpec.trainer_modules: (cfg, ctx) -> the trainer

@@ -85,5 +85,4 @@ class BertTrainer(StrategyTrainer):
     return tf.stack(masked_lm_correct(mlm_logits, batch, batch["mask"]))
 
 
-def make_trainer(cfg, ctx):
-  return BertTrainer(cfg, ctx)
+make_trainer = BertTrainer        # WorkloadSpec.trainer_modules: (cfg, ctx) -> the trainer

@@ -42,5 +42,4 @@ class DlrmTrainer(StrategyTrainer):
     return {"score": tf.sigmoid(logits), "label": batch["label"], "mask": batch["mask"]}
 
 
-def make_trainer(cfg, ctx):
-  return DlrmTrainer(cfg, ctx)
+make_trainer = DlrmTrainer        # WorkloadSpec.trainer_modules: (cfg, ctx) -> the trainer

@@ -98,5 +98,4 @@ class EfficientNetTrainer(jax_batch_norm.BatchNormTrainer):
     return eval_step(state, batch)
 
 
-def make_trainer(cfg, ctx):
-  return EfficientNetTrainer(cfg, ctx)
+make_trainer = EfficientNetTrainer        # WorkloadSpec.trainer_modules: (cfg, ctx) -> the trainer

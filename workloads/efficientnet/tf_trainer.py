@@ -89,5 +89,4 @@ class EfficientNetTrainer(StrategyTrainer):
     return tf_top1.counts(logits, batch["label"], batch["mask"])
 
 
-def make_trainer(cfg, ctx):
-  return EfficientNetTrainer(cfg, ctx)
+make_trainer = EfficientNetTrainer        # WorkloadSpec.trainer_modules: (cfg, ctx) -> the trainer

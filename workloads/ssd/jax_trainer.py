@@ -80,5 +80,4 @@ class SsdTrainer(jax_batch_norm.BatchNormTrainer):
             "image_size": batch["image_size"], "mask": batch["mask"]}
 
 
-def make_trainer(cfg, ctx):
-  return SsdTrainer(cfg, ctx)
+make_trainer = SsdTrainer        # WorkloadSpec.trainer_modules: (cfg, ctx) -> the trainer

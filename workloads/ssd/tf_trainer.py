@@ -97,5 +97,4 @@ class SsdTrainer(StrategyTrainer):
             "image_size": batch["image_size"], "mask": batch["mask"]}
 
 
-def make_trainer(cfg, ctx):
-  return SsdTrainer(cfg, ctx)
+make_trainer = SsdTrainer        # WorkloadSpec.trainer_modules: (cfg, ctx) -> the trainer

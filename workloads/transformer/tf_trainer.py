@@ -175,5 +175,4 @@ class TransformerTrainer(StrategyTrainer):
     return {"tokens": tokens, "index": batch["index"], "mask": batch["mask"]}
 
 
-def make_trainer(cfg, ctx):
-  return TransformerTrainer(cfg, ctx)
+make_trainer = TransformerTrainer        # WorkloadSpec.trainer_modules: (cfg, ctx) -> the trainer
