@@ -97,6 +97,22 @@ H100_NCCL = dataclasses.replace(A100_NCCL, nvls=0.6652, nvls_latency=5.570e-6, l
 # TPU ICI: the link efficiency fitted to the v5e all-gather profile of measurements.csv.
 TPU_ICI = Efficiency(link=0.7468)
 
+
+def _node_preset(node_bandwidth, network_bandwidth, **figures) -> Preset:
+  """A server of 8 accelerators (a DGX node, an HLS Gaudi server) joined by a switch or
+  all-to-all ports at `node_bandwidth` a direction, with `network_bandwidth` a direction a rail
+  out of the node; 1 us a hop, 5 us a message, 2.5 us on the network (assumed, as every node
+  preset's)."""
+  return Preset("multinode:4x8", node_bandwidth, 1e-6, 5e-6, math.inf,
+                network_bandwidth=network_bandwidth, network_latency=2.5e-6, **figures)
+
+
+def _torus_preset(topology, link_bandwidth, **figures) -> Preset:
+  """A TPU slice: chips on an ICI torus, `link_bandwidth` a link and direction, 1 us a hop (the
+  scaling book), no per-message overhead modelled."""
+  return Preset(topology, link_bandwidth, 1e-6, 0.0, math.inf, **figures)
+
+
 PRESETS = {
     # 6.4 TB/s bisection (Cloud TPU v3 docs) over the 2 x 32 links a 32x32 torus cut crosses,
     # both directions counted: 50 GB/s per direction and link. Latency and overhead: assumed.
@@ -108,104 +124,108 @@ PRESETS = {
     # DGX A100: NVLink 3 through NVSwitch, 600 GB/s per GPU both directions together; 8 HDR
     # InfiniBand NICs of 200 Gb/s, one per GPU (25 GB/s per direction). Latencies assumed.
     # A100 SXM4 80GB: 2,039 GB/s HBM2e (the 40GB part: 1,555; the A100 datasheet).
-    "dgx-a100": Preset("multinode:4x8", 300e9, 1e-6, 5e-6, math.inf,
-                       network_bandwidth=25e9, network_latency=2.5e-6,
-                       source="NVIDIA DGX A100 datasheet: NVLink 600 GB/s per GPU, 8 x 200 Gb/s "
-                              "HDR InfiniBand (latencies assumed); A100 SXM4 80GB datasheet: "
-                              "312 TFLOP/s bf16 dense, 2,039 GB/s HBM2e",
-                       peak_flops=312e12, nics_per_node=8, efficiency=A100_NCCL,
-                       memory_bandwidth=2039e9),
+    "dgx-a100": _node_preset(
+        300e9, 25e9,
+        source="NVIDIA DGX A100 datasheet: NVLink 600 GB/s per GPU, 8 x 200 Gb/s "
+               "HDR InfiniBand (latencies assumed); A100 SXM4 80GB datasheet: "
+               "312 TFLOP/s bf16 dense, 2,039 GB/s HBM2e",
+        peak_flops=312e12, nics_per_node=8, efficiency=A100_NCCL,
+        memory_bandwidth=2039e9),
     # DGX H100: NVLink 4 through NVSwitch, 900 GB/s per GPU both directions together, with
     # in-network reduction (NVLink SHARP); 8 NDR InfiniBand NICs of 400 Gb/s (50 GB/s).
     # H100 SXM5: 3.35 TB/s HBM3 (H100 datasheet).
-    "dgx-h100": Preset("multinode:4x8", 450e9, 1e-6, 5e-6, math.inf,
-                       network_bandwidth=50e9, network_latency=2.5e-6,
-                       source="NVIDIA DGX H100 datasheet: NVLink 900 GB/s per GPU, 8 x 400 Gb/s "
-                              "NDR InfiniBand; H100 SXM datasheet: 989 TFLOP/s bf16 dense, "
-                              "3.35 TB/s HBM3",
-                       peak_flops=989e12, nics_per_node=8, efficiency=H100_NCCL,
-                       memory_bandwidth=3.35e12),
+    "dgx-h100": _node_preset(
+        450e9, 50e9,
+        source="NVIDIA DGX H100 datasheet: NVLink 900 GB/s per GPU, 8 x 400 Gb/s "
+               "NDR InfiniBand; H100 SXM datasheet: 989 TFLOP/s bf16 dense, "
+               "3.35 TB/s HBM3",
+        peak_flops=989e12, nics_per_node=8, efficiency=H100_NCCL,
+        memory_bandwidth=3.35e12),
     # HGX H200: the H100's NVLink 4 / NVSwitch (900 GB/s a GPU) and compute, HBM3e at 4.8 TB/s
     # (H200 datasheet); 8 ConnectX-7 NDR NICs as DGX H100. Its NVLink hardware is the H100's,
     # so the H100's measured NCCL terms apply; no H200 collective measurement was reachable.
-    "dgx-h200": Preset("multinode:4x8", 450e9, 1e-6, 5e-6, math.inf,
-                       network_bandwidth=50e9, network_latency=2.5e-6,
-                       source="NVIDIA H200 datasheet: 989 TFLOP/s bf16 dense (1,979 with "
-                              "sparsity), 4.8 TB/s HBM3e, NVLink 900 GB/s; DGX H200: 8 x 400 Gb/s "
-                              "ConnectX-7; NCCL terms: the H100's (the same NVLink 4 switch)",
-                       peak_flops=989e12, nics_per_node=8, efficiency=H100_NCCL,
-                       memory_bandwidth=4.8e12),
+    "dgx-h200": _node_preset(
+        450e9, 50e9,
+        source="NVIDIA H200 datasheet: 989 TFLOP/s bf16 dense (1,979 with "
+               "sparsity), 4.8 TB/s HBM3e, NVLink 900 GB/s; DGX H200: 8 x 400 Gb/s "
+               "ConnectX-7; NCCL terms: the H100's (the same NVLink 4 switch)",
+        peak_flops=989e12, nics_per_node=8, efficiency=H100_NCCL,
+        memory_bandwidth=4.8e12),
     # DGX B200: NVLink 5 through NVSwitch, 1.8 TB/s per GPU both directions together (900 GB/s
     # a direction); 8 ConnectX-7 NICs of 400 Gb/s. B200 (HGX, 1,000 W): 2,250 TFLOP/s bf16
     # dense (4,500 with sparsity), 8 TB/s HBM3e. No B200 NCCL measurement was reachable: the
     # H100's terms (NVLink SHARP included) are assumed, said so in the source.
-    "dgx-b200": Preset("multinode:4x8", 900e9, 1e-6, 5e-6, math.inf,
-                       network_bandwidth=50e9, network_latency=2.5e-6,
-                       source="NVIDIA DGX B200 / HGX B200 datasheets: NVLink 5 1.8 TB/s per GPU, "
-                              "8 x 400 Gb/s ConnectX-7, 2,250 TFLOP/s bf16 dense, 8 TB/s HBM3e; "
-                              "NCCL terms: the H100's (assumed, no B200 measurement)",
-                       peak_flops=2250e12, nics_per_node=8, efficiency=H100_NCCL,
-                       memory_bandwidth=8e12),
+    "dgx-b200": _node_preset(
+        900e9, 50e9,
+        source="NVIDIA DGX B200 / HGX B200 datasheets: NVLink 5 1.8 TB/s per GPU, "
+               "8 x 400 Gb/s ConnectX-7, 2,250 TFLOP/s bf16 dense, 8 TB/s HBM3e; "
+               "NCCL terms: the H100's (assumed, no B200 measurement)",
+        peak_flops=2250e12, nics_per_node=8, efficiency=H100_NCCL,
+        memory_bandwidth=8e12),
     # TPU v4: a 3-D torus of 4,096 chips, 6 ICI ports a chip. 45 GB/s a link and direction
     # (the scaling book's table; 24 TB/s bisection over the 2 x 16 x 16 links a cut of a
     # 16x16x16 torus crosses gives 46.9), 1 us a hop (the book: "typically around 1us").
     # No TPU v4 collective measurement was reachable: the ICI efficiency is v5e's (below).
-    "tpu-v4": Preset("torus:16x16x16", 45e9, 1e-6, 0.0, math.inf,
-                     source="Cloud TPU v4 docs: 4096 chips, 3-D torus, 24 TB/s bisection, 275 "
-                            "TFLOP/s bf16, 1,200 GB/s HBM2; link and hop figures: the scaling "
-                            "book (jax-ml); ICI efficiency measured on v5e",
-                     peak_flops=275e12, efficiency=TPU_ICI, memory_bandwidth=1200e9),
+    "tpu-v4": _torus_preset(
+        "torus:16x16x16", 45e9,
+        source="Cloud TPU v4 docs: 4096 chips, 3-D torus, 24 TB/s bisection, 275 "
+               "TFLOP/s bf16, 1,200 GB/s HBM2; link and hop figures: the scaling "
+               "book (jax-ml); ICI efficiency measured on v5e",
+        peak_flops=275e12, efficiency=TPU_ICI, memory_bandwidth=1200e9),
     # TPU v5e: a 2-D torus of 256 chips, 4 ports a chip, 400 GB/s ICI a chip both ways
     # together (Cloud TPU v5e docs): 50 GB/s a link and direction; 1 us a hop.
-    "tpu-v5e": Preset("torus:16x16", 50e9, 1e-6, 0.0, math.inf,
-                      source="Cloud TPU v5e docs: 256 chips, 2-D torus, 400 GB/s ICI a chip, "
-                             "197 TFLOP/s bf16, 819 GB/s HBM2; hop latency: the scaling book",
-                      peak_flops=197e12, efficiency=TPU_ICI, memory_bandwidth=819e9),
+    "tpu-v5e": _torus_preset(
+        "torus:16x16", 50e9,
+        source="Cloud TPU v5e docs: 256 chips, 2-D torus, 400 GB/s ICI a chip, "
+               "197 TFLOP/s bf16, 819 GB/s HBM2; hop latency: the scaling book",
+        peak_flops=197e12, efficiency=TPU_ICI, memory_bandwidth=819e9),
     # TPU v5p: a 3-D torus (8,960 chips a pod, 6,144 in one slice), 6 ICI ports a chip, 1,200
     # GB/s ICI a chip both directions together (Cloud TPU v5p docs): 100 GB/s a link and
     # direction; 459 TFLOP/s bf16, 2,765 GB/s HBM2e. ICI efficiency: v5e's measurement.
-    "tpu-v5p": Preset("torus:16x16x16", 100e9, 1e-6, 0.0, math.inf,
-                      source="Cloud TPU v5p docs: 3-D torus, 1,200 GB/s bidirectional ICI a chip "
-                             "(6 ports), 459 TFLOP/s bf16, 2,765 GB/s HBM2e; hop latency: the "
-                             "scaling book; ICI efficiency measured on v5e",
-                      peak_flops=459e12, efficiency=TPU_ICI, memory_bandwidth=2765e9),
+    "tpu-v5p": _torus_preset(
+        "torus:16x16x16", 100e9,
+        source="Cloud TPU v5p docs: 3-D torus, 1,200 GB/s bidirectional ICI a chip "
+               "(6 ports), 459 TFLOP/s bf16, 2,765 GB/s HBM2e; hop latency: the "
+               "scaling book; ICI efficiency measured on v5e",
+        peak_flops=459e12, efficiency=TPU_ICI, memory_bandwidth=2765e9),
     # Trillium (TPU v6e): a 2-D torus of 256 chips, 4 ICI ports, 800 GB/s ICI a chip both
     # directions together (Cloud TPU v6e docs): 100 GB/s a link and direction; 918 TFLOP/s
     # bf16, 1,638 GB/s HBM.
-    "tpu-v6e": Preset("torus:16x16", 100e9, 1e-6, 0.0, math.inf,
-                      source="Cloud TPU v6e (Trillium) docs: 256 chips, 2-D torus, 800 GB/s "
-                             "bidirectional ICI a chip (4 ports), 918 TFLOP/s bf16, 1,638 GB/s "
-                             "HBM; ICI efficiency measured on v5e",
-                      peak_flops=918e12, efficiency=TPU_ICI, memory_bandwidth=1638e9),
+    "tpu-v6e": _torus_preset(
+        "torus:16x16", 100e9,
+        source="Cloud TPU v6e (Trillium) docs: 256 chips, 2-D torus, 800 GB/s "
+               "bidirectional ICI a chip (4 ports), 918 TFLOP/s bf16, 1,638 GB/s "
+               "HBM; ICI efficiency measured on v5e",
+        peak_flops=918e12, efficiency=TPU_ICI, memory_bandwidth=1638e9),
     # Gaudi (HL-205): RoCE on the chip, 10 x 100 GbE; in the HLS-1 server 7 of them join the
     # 8 cards all-to-all (one port to each peer: 12.5 GB/s a direction to each, 87.5 GB/s a
     # card in all, drawn as a node switch) and 3 go out (37.5 GB/s a card). 32 GB HBM2 at
     # 1 TB/s. Habana publishes no bf16 peak for it: peak 0 (no chip-speed ratio to or from
     # it). No HCCL measurement: the ideal model.
-    "gaudi": Preset("multinode:4x8", 87.5e9, 1e-6, 5e-6, math.inf,
-                    network_bandwidth=37.5e9, network_latency=2.5e-6,
-                    source="Habana Gaudi white paper / HLS-1: 10 x 100 GbE RoCE on chip (7 "
-                           "all-to-all in the server, 3 out), 32 GB HBM2 at 1 TB/s; no bf16 "
-                           "peak published; latencies assumed; ideal (no HCCL measurement)",
-                    memory_bandwidth=1e12),
+    "gaudi": _node_preset(
+        87.5e9, 37.5e9,
+        source="Habana Gaudi white paper / HLS-1: 10 x 100 GbE RoCE on chip (7 "
+               "all-to-all in the server, 3 out), 32 GB HBM2 at 1 TB/s; no bf16 "
+               "peak published; latencies assumed; ideal (no HCCL measurement)",
+        memory_bandwidth=1e12),
     # Gaudi2 (HL-225): 24 x 100 GbE RoCE on chip; in the HLS-Gaudi2 server 21 join the 8
     # cards all-to-all (3 to each peer: 37.5 GB/s a direction to each, 262.5 GB/s a card)
     # and 3 go out (37.5 GB/s). 432 TFLOP/s bf16 (MME), 2.45 TB/s HBM2e.
-    "gaudi2": Preset("multinode:4x8", 262.5e9, 1e-6, 5e-6, math.inf,
-                     network_bandwidth=37.5e9, network_latency=2.5e-6,
-                     source="Intel Gaudi 2 / Gaudi 3 white papers: 24 x 100 GbE RoCE on chip "
-                            "(21 all-to-all in the server, 3 out), 432 TFLOP/s bf16 (MME), "
-                            "2.45 TB/s HBM2e; latencies assumed; ideal (no HCCL measurement)",
-                     peak_flops=432e12, memory_bandwidth=2.45e12),
+    "gaudi2": _node_preset(
+        262.5e9, 37.5e9,
+        source="Intel Gaudi 2 / Gaudi 3 white papers: 24 x 100 GbE RoCE on chip "
+               "(21 all-to-all in the server, 3 out), 432 TFLOP/s bf16 (MME), "
+               "2.45 TB/s HBM2e; latencies assumed; ideal (no HCCL measurement)",
+        peak_flops=432e12, memory_bandwidth=2.45e12),
     # Gaudi3 (HL-325): 24 x 200 GbE RoCE on chip, 21 all-to-all in the server (75 GB/s a
     # direction to each peer, 525 GB/s a card), 3 out (75 GB/s). 1,835 TFLOP/s bf16 (MME),
     # 3.7 TB/s HBM2e.
-    "gaudi3": Preset("multinode:4x8", 525e9, 1e-6, 5e-6, math.inf,
-                     network_bandwidth=75e9, network_latency=2.5e-6,
-                     source="Intel Gaudi 3 white paper: 24 x 200 GbE RoCE on chip (21 "
-                            "all-to-all in the server, 3 out), 1,835 TFLOP/s bf16 (MME), 3.7 TB/s "
-                            "HBM2e; latencies assumed; ideal (no HCCL measurement)",
-                     peak_flops=1835e12, memory_bandwidth=3.7e12),
+    "gaudi3": _node_preset(
+        525e9, 75e9,
+        source="Intel Gaudi 3 white paper: 24 x 200 GbE RoCE on chip (21 "
+               "all-to-all in the server, 3 out), 1,835 TFLOP/s bf16 (MME), 3.7 TB/s "
+               "HBM2e; latencies assumed; ideal (no HCCL measurement)",
+        peak_flops=1835e12, memory_bandwidth=3.7e12),
 }
 
 
