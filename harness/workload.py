@@ -218,15 +218,22 @@ class Metric:
 TOP1 = Metric("top1_accuracy", "fraction")
 
 
+def by_name(*presets: Callable[[], Any]) -> dict[str, Callable[[], Any]]:
+  """A spec's presets, each named by its function's name (the name given once)."""
+  return {preset.__name__: preset for preset in presets}
+
+
 @dataclasses.dataclass(frozen=True)
 class WorkloadSpec:
   name: str                                  # what users type: resnet50
   mlperf_benchmark: str                      # submission_benchmark and rules/<name>.yaml
   title: str
   metric: Metric
-  presets: dict[str, Callable[[], Any]]      # preset -> config tree (dataclasses)
-  trainer_modules: dict[str, str]            # framework -> module with make_trainer(cfg, ctx)
-  input_pipeline_module: str                 # its InputPipeline (workloads/<w>/input_pipeline)
+  presets: dict[str, Callable[[], Any]]      # preset -> config tree (dataclasses): by_name(...)
+  # The workload's folder as a package (its spec's __package__: workloads.<w>): by convention it
+  # holds <framework>_trainer.py (make_trainer(cfg, ctx)) for each of `frameworks` and
+  # input_pipeline.py (its InputPipeline), so the spec names no module by hand.
+  package: str
   # (cfg, train_examples) -> {key: value or (value, {metadata})}, e.g. MLPerf Transformer's
   # max_sequence_length with metadata {'method': 'discard'}
   mllog_hyperparameters: Callable[[Any, int], dict]
@@ -269,6 +276,16 @@ class WorkloadSpec:
   # comes from there, so an evaluator imports no pipeline); None: CountEvaluator (the device
   # eval step returns [hits, counted])
   make_evaluator: Callable[[Any, Any, Callable[[], InputPipeline]], Evaluator] | None = None
+  frameworks: tuple[str, ...] = FRAMEWORKS    # those with a <framework>_trainer.py
+
+  @property
+  def trainer_modules(self) -> dict[str, str]:
+    """framework -> the module whose make_trainer(cfg, ctx) builds its trainer."""
+    return {framework: f"{self.package}.{framework}_trainer" for framework in self.frameworks}
+
+  @property
+  def input_pipeline_module(self) -> str:
+    return f"{self.package}.input_pipeline"
 
   @property
   def metric_name(self) -> str:
@@ -279,7 +296,7 @@ class WorkloadSpec:
     or None where the folder has none: what a tool finds of a workload by convention (e.g.
     bench/gpu_models.py its `bare_step`), so that no list outside the folder names workloads.
     Nothing is imported but the folder's package."""
-    module = f"{self.input_pipeline_module.rpartition('.')[0]}.{name}"
+    module = f"{self.package}.{name}"
     return module if importlib.util.find_spec(module) is not None else None
 
   @property

@@ -14,7 +14,7 @@ from harness import rules
 from harness.config import TrainConfig, as_synthetic, in_range, key_of, one_of, positive
 from harness.config_root import workload_config
 from harness.errors import UsageError
-from harness.workload import Metric, WorkloadSpec
+from harness.workload import Metric, WorkloadSpec, by_name
 from workloads.optim import schedules
 from workloads.optim.configs import LambConfig
 
@@ -302,9 +302,8 @@ SPEC = WorkloadSpec(
     mlperf_benchmark="bert",
     title="BERT-large pre-training (masked LM + next sentence) on Wikipedia",
     metric=Metric("masked_lm_accuracy", "fraction", counts="masked-LM tokens"),
-    presets={"mini": mini, "reference": reference, "synthetic": synthetic, "tiny": tiny},
-    trainer_modules={"jax": "workloads.bert.jax_trainer", "tf": "workloads.bert.tf_trainer"},
-    input_pipeline_module="workloads.bert.input_pipeline",
+    presets=by_name(mini, reference, synthetic, tiny),
+    package=__package__,
     mllog_hyperparameters=mllog_hyperparameters,
     derive=derive,
     mesh_axes=("data", "stage", "model"),

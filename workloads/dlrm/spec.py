@@ -17,7 +17,7 @@ from harness import cadence, rules
 from harness.config import TrainConfig, as_synthetic, in_range, key_of, one_of, positive
 from harness.config_root import workload_config
 from harness.errors import UsageError
-from harness.workload import Metric, WorkloadSpec
+from harness.workload import Metric, WorkloadSpec, by_name
 from workloads.dlrm import embedding_plan
 from workloads.optim import schedules
 from workloads.optim.configs import AdagradConfig
@@ -258,9 +258,8 @@ SPEC = WorkloadSpec(
     mlperf_benchmark="dlrm_dcnv2",
     title="DLRM-DCNv2 on Criteo 1TB multi-hot",
     metric=AUC,
-    presets={"mini": mini, "reference": reference, "synthetic": synthetic, "tiny": tiny},
-    trainer_modules={"jax": "workloads.dlrm.jax_trainer", "tf": "workloads.dlrm.tf_trainer"},
-    input_pipeline_module="workloads.dlrm.input_pipeline",
+    presets=by_name(mini, reference, synthetic, tiny),
+    package=__package__,
     mllog_hyperparameters=mllog_hyperparameters,
     batch_layout=batch_layout,
     mesh_axes=("data", "model"),

@@ -12,7 +12,7 @@ from harness import cadence, mesh, rules
 from harness.config import TrainConfig, as_synthetic, in_range, one_of, positive
 from harness.config_root import workload_config
 from harness.errors import UsageError
-from harness.workload import TOP1, WorkloadSpec
+from harness.workload import TOP1, WorkloadSpec, by_name
 from workloads.common import image_batch
 from workloads.optim import schedules
 from workloads.optim.configs import LarsPolyConfig, RmsPropConfig
@@ -271,11 +271,8 @@ SPEC = WorkloadSpec(
     mlperf_benchmark="efficientnet",
     title="EfficientNet-B0 on ImageNet (not an MLPerf benchmark)",
     metric=TOP1,
-    presets={"mini": mini, "mini_large_batch": mini_large_batch, "reference": reference,
-             "large_batch": large_batch, "synthetic": synthetic, "tiny": tiny},
-    trainer_modules={"jax": "workloads.efficientnet.jax_trainer",
-                     "tf": "workloads.efficientnet.tf_trainer"},
-    input_pipeline_module="workloads.efficientnet.input_pipeline",
+    presets=by_name(mini, mini_large_batch, reference, large_batch, synthetic, tiny),
+    package=__package__,
     mllog_hyperparameters=mllog_hyperparameters,
     derive=derive,
     bn_span=lambda cfg, data_replicas: mesh.bn_span(cfg.parallel, data_replicas,

@@ -5,7 +5,7 @@ from harness import cadence, mesh, rules
 from harness.config import TrainConfig, as_synthetic, in_range, key_of, one_of, positive
 from harness.config_root import workload_config
 from harness.errors import UsageError
-from harness.workload import TOP1, WorkloadSpec
+from harness.workload import TOP1, WorkloadSpec, by_name
 from workloads.common import image_batch
 from workloads.optim import schedules
 from workloads.optim.configs import LarsSgdConfig
@@ -161,9 +161,8 @@ SPEC = WorkloadSpec(
     mlperf_benchmark="resnet",
     title="ResNet-50 v1.5 on ImageNet",
     metric=TOP1,
-    presets={"mini": mini, "reference": reference, "synthetic": synthetic, "tiny": tiny},
-    trainer_modules={"jax": "workloads.resnet.jax_trainer", "tf": "workloads.resnet.tf_trainer"},
-    input_pipeline_module="workloads.resnet.input_pipeline",
+    presets=by_name(mini, reference, synthetic, tiny),
+    package=__package__,
     mllog_hyperparameters=mllog_hyperparameters,
     # Samples per batch-norm statistic: group size x per-replica batch (all replicas: the
     # global batch, which plain jit over a data-sharded batch computes).

@@ -17,7 +17,7 @@ from harness import cadence, mesh, rules
 from harness.config import TrainConfig, as_synthetic, in_range, key_of, one_of, positive
 from harness.config_root import workload_config
 from harness.errors import UsageError
-from harness.workload import Metric, WorkloadSpec, is_synthetic
+from harness.workload import Metric, WorkloadSpec, by_name, is_synthetic
 from workloads.optim import schedules
 from workloads.optim.configs import SgdStepConfig
 
@@ -298,9 +298,8 @@ SPEC = WorkloadSpec(
     mlperf_benchmark="ssd",
     title="SSD300-ResNet34 on COCO 2017",
     metric=BOX_MAP,
-    presets={"mini": mini, "reference": reference, "synthetic": synthetic, "tiny": tiny},
-    trainer_modules={"jax": "workloads.ssd.jax_trainer", "tf": "workloads.ssd.tf_trainer"},
-    input_pipeline_module="workloads.ssd.input_pipeline",
+    presets=by_name(mini, reference, synthetic, tiny),
+    package=__package__,
     make_evaluator=_coco_evaluator,
     mllog_hyperparameters=mllog_hyperparameters,
     derive=derive,

@@ -21,7 +21,7 @@ from harness import cadence, rules
 from harness.config import TrainConfig, as_synthetic, in_range, key_of, one_of, positive
 from harness.config_root import workload_config
 from harness.errors import UsageError
-from harness.workload import Metric, WorkloadSpec
+from harness.workload import Metric, WorkloadSpec, by_name
 from workloads.common import mini_cache
 from workloads.common.moe import MoEConfig, check_groups
 from workloads.common.moe import capacity as moe_capacity, dispatch_bytes as moe_dispatch_bytes
@@ -378,11 +378,8 @@ SPEC = WorkloadSpec(
     mlperf_benchmark="transformer",
     title="Transformer (big) translation, WMT English-German",
     metric=BLEU,
-    presets={"mini": mini, "moe_mini": moe_mini, "reference": reference,
-             "synthetic": synthetic, "tiny": tiny},
-    trainer_modules={"jax": "workloads.transformer.jax_trainer",
-                     "tf": "workloads.transformer.tf_trainer"},
-    input_pipeline_module="workloads.transformer.input_pipeline",
+    presets=by_name(mini, moe_mini, reference, synthetic, tiny),
+    package=__package__,
     make_evaluator=_bleu_evaluator,
     mllog_hyperparameters=mllog_hyperparameters,
     derive=derive,
