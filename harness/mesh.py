@@ -200,6 +200,13 @@ def bn_span(parallel: ParallelConfig, data: int, global_batch_size: int) -> int:
   return bn_group_replicas(parallel, data, global_batch_size) * global_batch_size // data
 
 
+def run_bn_span(cfg, data_replicas: int) -> int:
+  """WorkloadSpec.bn_span of a batch-norm model: bn_span of the run's config (group size x
+  per-replica batch; all replicas: the global batch, which plain jit over a data-sharded batch
+  computes)."""
+  return bn_span(cfg.parallel, data_replicas, cfg.train.global_batch_size)
+
+
 def mesh_shape(parallel: ParallelConfig, available: int, global_batch_size: int = 0
                ) -> MeshShape:
   """The mesh of a run on `available` devices, the same for every framework runtime; a

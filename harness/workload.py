@@ -223,10 +223,11 @@ def by_name(*presets: Callable[[], Any]) -> dict[str, Callable[[], Any]]:
   return {preset.__name__: preset for preset in presets}
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class WorkloadSpec:
   name: str                                  # what users type: resnet50
-  mlperf_benchmark: str                      # submission_benchmark and rules/<name>.yaml
+  # submission_benchmark and rules/<benchmark>.yaml; "": the name (most workloads are named so)
+  mlperf_benchmark: str = ""
   title: str
   metric: Metric
   presets: dict[str, Callable[[], Any]]      # preset -> config tree (dataclasses): by_name(...)
@@ -271,12 +272,17 @@ class WorkloadSpec:
   # (cfg, chips) -> (bytes one chip sends into one all-to-all of the step, what they are), or
   # None: `simulate --workload W --collective all-to-all` (an MoE layer's dispatch)
   all_to_all_bytes: Callable[[Any, int], tuple | None] = lambda cfg, chips: None
-  # (cfg, data_dir, pipeline) -> the Evaluator of the eval's host side, `pipeline()` the
-  # workload's InputPipeline (loaded when called: its reference data, e.g. SSD's ground truth,
-  # comes from there, so an evaluator imports no pipeline); None: CountEvaluator (the device
-  # eval step returns [hits, counted])
-  make_evaluator: Callable[[Any, Any, Callable[[], InputPipeline]], Evaluator] | None = None
+  # "module.Class" in the workload's folder: the Evaluator of the eval's host side, built as
+  # Class(cfg, data_dir, metric_name, pipeline) when a trainer evaluates (its module, with what
+  # it imports, e.g. pycocotools, loaded then), `pipeline()` the workload's InputPipeline (its
+  # reference data, e.g. SSD's ground truth, comes from there, so an evaluator imports no
+  # pipeline); None: CountEvaluator (the device eval step returns [hits, counted])
+  host_evaluator: str | None = None
   frameworks: tuple[str, ...] = FRAMEWORKS    # those with a <framework>_trainer.py
+
+  def __post_init__(self):
+    if not self.mlperf_benchmark:
+      object.__setattr__(self, "mlperf_benchmark", self.name)
 
   @property
   def trainer_modules(self) -> dict[str, str]:
@@ -304,9 +310,11 @@ class WorkloadSpec:
     return importlib.import_module(self.input_pipeline_module)
 
   def evaluator(self, cfg, data_dir) -> Evaluator:
-    if self.make_evaluator is None:
+    if self.host_evaluator is None:
       return CountEvaluator(self.metric.name)
-    return self.make_evaluator(cfg, data_dir, lambda: self.input_pipeline)
+    module, _, name = self.host_evaluator.rpartition(".")
+    evaluator = getattr(importlib.import_module(f"{self.package}.{module}"), name)
+    return evaluator(cfg, data_dir, self.metric.name, lambda: self.input_pipeline)
 
   def config(self, preset: str):
     if preset not in self.presets:
@@ -332,3 +340,19 @@ class WorkloadSpec:
                        f"available: {have} (known frameworks: {', '.join(FRAMEWORKS)})")
     module = importlib.import_module(self.trainer_modules[framework])
     return module.make_trainer(cfg, ctx)
+
+
+# The hooks a spec module may define as module-level functions named as the field: from_module
+# takes them, so that a spec names each once.
+HOOKS = ("mllog_hyperparameters", "batch_layout", "bn_span", "derive", "split_dims",
+         "pipeline_layers", "missing_data", "check_framework", "sample_unit", "describe_lines",
+         "all_to_all_bytes")
+
+
+def from_module(namespace: dict) -> dict:
+  """The fields a spec module supplies by convention, from its globals():
+  `WorkloadSpec(..., **from_module(globals()))` takes `package` (its __package__) and every
+  module-level callable named as one of HOOKS. A hook from elsewhere (a shared module's, a
+  lambda) is given by keyword; a field given both ways is a TypeError (a keyword repeated)."""
+  hooks = {name: namespace[name] for name in HOOKS if callable(namespace.get(name))}
+  return {"package": namespace["__package__"], **hooks}

@@ -166,7 +166,7 @@ def test_auc_equals_scikit_learn_with_ties_and_masked_padding_across_batches():
   labels = (rng.random(5000) < 0.3 + 0.4 * scores).astype(np.float32)
   want = roc_auc_score(labels, scores)
   assert abs(auc.roc_auc(scores, labels) - want) < 1e-9
-  evaluator, acc = auc.AucEvaluator(), None
+  evaluator, acc = auc.AucEvaluator(None, None, "auc", None), None
   for start in range(0, 5000, 1024):                  # padded batches, as an eval feeds them
     part = slice(start, start + 1024)
     n = len(scores[part])

@@ -34,14 +34,13 @@ def test_every_spec_s_evaluator_has_the_three_parts(name):
   for part in ("accumulate", "finalize"):
     assert _parameters(getattr(evaluator, part)) == _parameters(getattr(Evaluator, part), True)
   # The default, CountEvaluator, sums [hits, counted] on the device; an evaluator a workload
-  # supplies (spec.make_evaluator: BLEU, COCO mAP) is its own host-side code, in its folder.
-  if spec.make_evaluator is None:
+  # supplies (spec.host_evaluator: BLEU, COCO mAP, AUC) is its own host-side code, in its folder.
+  if spec.host_evaluator is None:
     assert type(evaluator) is CountEvaluator and not evaluator.on_host
     assert evaluator.finalize(np.array([1.0, 4.0])) == {spec.metric.name: 0.25, "count": 4}
   else:
     assert evaluator.on_host and not isinstance(evaluator, CountEvaluator), name
-    package = spec.input_pipeline_module.rpartition(".")[0]          # workloads.<w>
-    assert type(evaluator).__module__.startswith(package + "."), (name, type(evaluator))
+    assert type(evaluator).__module__.startswith(spec.package + "."), (name, type(evaluator))
 
 
 def test_both_eval_paths_are_in_use():

@@ -14,7 +14,7 @@ from harness import rules
 from harness.config import TrainConfig, as_synthetic, in_range, key_of, one_of, positive
 from harness.config_root import workload_config
 from harness.errors import UsageError
-from harness.workload import Metric, WorkloadSpec, by_name
+from harness.workload import Metric, WorkloadSpec, by_name, from_module
 from workloads.optim import schedules
 from workloads.optim.configs import LambConfig
 
@@ -299,21 +299,14 @@ def check_framework(cfg, framework):
 
 SPEC = WorkloadSpec(
     name="bert",
-    mlperf_benchmark="bert",
     title="BERT-large pre-training (masked LM + next sentence) on Wikipedia",
     metric=Metric("masked_lm_accuracy", "fraction", counts="masked-LM tokens"),
     presets=by_name(mini, reference, synthetic, tiny),
-    package=__package__,
-    mllog_hyperparameters=mllog_hyperparameters,
-    derive=derive,
     mesh_axes=("data", "stage", "model"),
     split_dims=lambda cfg: {"length": cfg.data.max_seq_length, "heads": cfg.model.num_heads,
                             "mlp": cfg.model.intermediate_size, "vocab": cfg.model.vocab_size},
-    batch_layout=batch_layout,
     param_axes=PARAM_AXES,
-    pipeline_layers=pipeline_layers,
     data_dir_contents=("a folder with the MLPerf BERT TFRecords (part-*, eval_10k) and "
                        "tf1_ckpt/model.ckpt-28252"),
-    missing_data=missing_data,
-    check_framework=check_framework,
+    **from_module(globals()),
 )

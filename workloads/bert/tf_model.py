@@ -86,7 +86,7 @@ class TransformerLayer(layers.Layer):
     return self.output_LayerNorm(out + x)
 
 
-class BertPretraining(keras.Model):
+class BertPretraining(tf_layers.BuiltInInit, keras.Model):
   """call(batch) -> (mlm_logits [B, P, V], nsp_logits [B, 2]), float32; `batch` holds
   input_ids, input_mask, segment_ids and masked_lm_positions."""
 
@@ -130,11 +130,6 @@ class BertPretraining(keras.Model):
                          np.zeros((c.vocab_size,)), acc) if split else
         self.add_weight(shape=(c.vocab_size,), initializer="zeros", name="mlm_output_bias",
                         dtype=acc))
-
-  def build(self, *args, **kwargs):
-    """Every weight is made in __init__ or by a sublayer on its first call."""
-    del args, kwargs
-    self.built = True
 
   @property
   def vocab_parallel(self):

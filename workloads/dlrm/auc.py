@@ -24,7 +24,13 @@ def roc_auc(scores, labels) -> float:
 
 
 class AucEvaluator:
+  """DLRM's Evaluator (harness.workload): every batch's unpadded scores and labels kept on the
+  host, the AUC of all of them at finalize."""
   on_host = True
+
+  def __init__(self, cfg, data_dir, metric_name, pipeline):
+    del cfg, data_dir, pipeline                   # the scores and labels come with the batches
+    self.metric_name = metric_name
 
   def accumulate(self, acc, outputs):
     """outputs: {'score', 'label', 'mask'} of one global batch (numpy)."""
@@ -36,4 +42,4 @@ class AucEvaluator:
 
   def finalize(self, acc) -> dict:
     scores, labels = np.concatenate(acc["score"]), np.concatenate(acc["label"])
-    return {"auc": roc_auc(scores, labels), "count": int(scores.size)}
+    return {self.metric_name: roc_auc(scores, labels), "count": int(scores.size)}

@@ -17,7 +17,7 @@ from harness import cadence, rules
 from harness.config import TrainConfig, as_synthetic, in_range, key_of, one_of, positive
 from harness.config_root import workload_config
 from harness.errors import UsageError
-from harness.workload import Metric, WorkloadSpec, by_name
+from harness.workload import Metric, WorkloadSpec, by_name, from_module
 from workloads.dlrm import embedding_plan
 from workloads.optim import schedules
 from workloads.optim.configs import AdagradConfig
@@ -241,12 +241,6 @@ def missing_data(cfg, data_dir) -> list[str]:
           if not glob.glob(os.path.join(data_dir, name))]
 
 
-def make_evaluator(cfg, data_dir, pipeline):
-  from workloads.dlrm import auc
-  del cfg, data_dir, pipeline
-  return auc.AucEvaluator()
-
-
 def split_dims(cfg) -> dict:
   """The slab's rows split over `model` for any size: the plan pads them."""
   del cfg
@@ -259,17 +253,11 @@ SPEC = WorkloadSpec(
     title="DLRM-DCNv2 on Criteo 1TB multi-hot",
     metric=AUC,
     presets=by_name(mini, reference, synthetic, tiny),
-    package=__package__,
-    mllog_hyperparameters=mllog_hyperparameters,
-    batch_layout=batch_layout,
     mesh_axes=("data", "model"),
-    split_dims=split_dims,
     param_axes=PARAM_AXES,
-    missing_data=missing_data,
-    check_framework=check_framework,
-    describe_lines=describe_lines,
-    make_evaluator=make_evaluator,
     data_dir_contents=("the reference's multi-hot Criteo days: day_<d>_dense.npy, "
                        "day_<d>_labels.npy, day_<d>_sparse_multi_hot.npz for d = 0..23 "
                        "(materialize_synthetic_multihot_dataset.py output)"),
+    host_evaluator="auc.AucEvaluator",
+    **from_module(globals()),
 )

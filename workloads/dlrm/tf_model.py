@@ -9,6 +9,7 @@ import tensorflow as tf
 from keras import layers, ops
 
 from workloads.dlrm import embedding_plan
+from workloads.parallel import tf_layers
 from workloads.parallel import tf_model_parallel as mp
 
 
@@ -34,7 +35,7 @@ class SlabInitializer(keras.initializers.Initializer):
     return u * ops.cast(self.bounds[:, None], u.dtype)
 
 
-class Dlrm(keras.Model):
+class Dlrm(tf_layers.BuiltInInit, keras.Model):
   """call(dense [B, 13], sparse ids [B, columns]) -> logits [B] (float32; float64 for a
   float64 model)."""
 
@@ -66,11 +67,6 @@ class Dlrm(keras.Model):
     for v, w in self.crosses:
       v.build((None, m.interaction_dim))
       w.build((None, m.dcn_low_rank_dim))
-    self.built = True
-
-  def build(self, *args, **kwargs):
-    """Every weight is made in __init__."""
-    del args, kwargs
     self.built = True
 
   def lookup(self, ids):

@@ -12,7 +12,7 @@ from harness import cadence, mesh, rules
 from harness.config import TrainConfig, as_synthetic, in_range, one_of, positive
 from harness.config_root import workload_config
 from harness.errors import UsageError
-from harness.workload import TOP1, WorkloadSpec, by_name
+from harness.workload import TOP1, WorkloadSpec, by_name, from_module
 from workloads.common import image_batch
 from workloads.optim import schedules
 from workloads.optim.configs import LarsPolyConfig, RmsPropConfig
@@ -268,19 +268,15 @@ def mllog_hyperparameters(cfg, train_examples: int) -> dict:
 
 SPEC = WorkloadSpec(
     name="efficientnet",
-    mlperf_benchmark="efficientnet",
     title="EfficientNet-B0 on ImageNet (not an MLPerf benchmark)",
     metric=TOP1,
     presets=by_name(mini, mini_large_batch, reference, large_batch, synthetic, tiny),
-    package=__package__,
-    mllog_hyperparameters=mllog_hyperparameters,
-    derive=derive,
-    bn_span=lambda cfg, data_replicas: mesh.bn_span(cfg.parallel, data_replicas,
-                                                     cfg.train.global_batch_size),
+    bn_span=mesh.run_bn_span,
     mesh_axes=("data",),
     batch_layout=image_batch.batch_layout,
     param_axes=PARAM_AXES,
     missing_data=image_batch.missing_data,
     needs_data_dir=("reference", "large_batch"),
     data_dir_contents=image_batch.DATA_DIR_CONTENTS,
+    **from_module(globals()),
 )

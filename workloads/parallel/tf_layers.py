@@ -1,7 +1,8 @@
 """Keras layers that run a convolutional model across replicas (tf_runtime.StrategyRuntime):
 cross-replica batch norm over groups of replicas, the spatial halo exchange, and the global
 average pool over a split image. With one replica each is the plain Keras computation. And
-ExampleDropout, dropout keyed by example (jax_layers.py is JAX's).
+ExampleDropout, dropout keyed by example (jax_layers.py is JAX's); BuiltInInit, the build of a
+layer or model that makes its weights in __init__.
 """
 import contextlib
 import threading
@@ -13,6 +14,20 @@ from keras import layers
 
 from workloads.common.conv_geometry import same_padding
 from workloads.parallel import tf_model_parallel
+
+
+class BuiltInInit:
+  """Mixin (before the Keras base) of a layer or model whose weights are all made in __init__ or
+  by its sublayers on their first call: its build only marks it built, so Keras does not trace
+  call() with the input shapes alone."""
+
+  def build(self, *args, **kwargs):
+    del args, kwargs
+    self.built = True
+
+
+class BuiltInInitLayer(BuiltInInit, layers.Layer):
+  """A Keras layer whose weights are made in __init__ (BuiltInInit)."""
 
 
 class CrossReplicaBatchNorm(layers.BatchNormalization):

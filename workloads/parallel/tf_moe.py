@@ -24,7 +24,6 @@ import threading
 
 import keras
 import tensorflow as tf
-from keras import layers
 
 from workloads.common import moe as moe_lib
 from workloads.parallel import tf_layers
@@ -91,15 +90,7 @@ def route(logits, real, *, capacity, second_policy="all", threshold=0.2, noise=N
   return routed_1 + routed_2, combine, stats
 
 
-class _Leaf(layers.Layer):
-  """Weights made in __init__ (as tf_model.Block): no shape-traced build."""
-
-  def build(self, *args, **kwargs):
-    del args, kwargs
-    self.built = True
-
-
-class ExpertDense(_Leaf):
+class ExpertDense(tf_layers.BuiltInInitLayer):
   """E dense layers at once: kernel [E, in, out] (Glorot per expert), bias [E, out]; split
   over the expert axis when the runtime has one."""
 
@@ -117,7 +108,7 @@ class ExpertDense(_Leaf):
     return y + mp.read(self.bias, x.dtype)[:, None, None, :]
 
 
-class Router(_Leaf):
+class Router(tf_layers.BuiltInInitLayer):
   """The router's kernel [hidden, E], computed in `dtype` (float32, or float64 in float64)."""
 
   def __init__(self, hidden, num_experts, **kwargs):
@@ -131,7 +122,7 @@ class Router(_Leaf):
                      tf.cast(self.kernel, self.compute_dtype))
 
 
-class Experts(_Leaf):
+class Experts(tf_layers.BuiltInInitLayer):
   @mp.in_path
   def __init__(self, num_experts, hidden, filter_size, runtime=None, **kwargs):
     super().__init__(**kwargs)
@@ -147,7 +138,7 @@ class Experts(_Leaf):
     return self.output_dense(tf.nn.relu(self.filter(x)))
 
 
-class MoEFeedForward(_Leaf):
+class MoEFeedForward(tf_layers.BuiltInInitLayer):
   """jax_moe.MoEFeedForward in Keras: call(x [B, L, H], real [B, L], training) -> [B, L, H]."""
 
   @mp.in_path

@@ -5,7 +5,7 @@ from harness import cadence, mesh, rules
 from harness.config import TrainConfig, as_synthetic, in_range, key_of, one_of, positive
 from harness.config_root import workload_config
 from harness.errors import UsageError
-from harness.workload import TOP1, WorkloadSpec, by_name
+from harness.workload import TOP1, WorkloadSpec, by_name, from_module
 from workloads.common import image_batch
 from workloads.optim import schedules
 from workloads.optim.configs import LarsSgdConfig
@@ -162,18 +162,12 @@ SPEC = WorkloadSpec(
     title="ResNet-50 v1.5 on ImageNet",
     metric=TOP1,
     presets=by_name(mini, reference, synthetic, tiny),
-    package=__package__,
-    mllog_hyperparameters=mllog_hyperparameters,
-    # Samples per batch-norm statistic: group size x per-replica batch (all replicas: the
-    # global batch, which plain jit over a data-sharded batch computes).
-    bn_span=lambda cfg, data_replicas: mesh.bn_span(cfg.parallel, data_replicas,
-                                                     cfg.train.global_batch_size),
+    bn_span=mesh.run_bn_span,
     mesh_axes=("data", "stage", "spatial"),
     split_dims=lambda cfg: {"height": cfg.data.image_size},
     batch_layout=image_batch.batch_layout,
     param_axes=PARAM_AXES,
-    pipeline_layers=pipeline_layers,
     missing_data=image_batch.missing_data,
-    check_framework=check_framework,
     data_dir_contents=image_batch.DATA_DIR_CONTENTS,
+    **from_module(globals()),
 )

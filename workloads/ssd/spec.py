@@ -17,7 +17,7 @@ from harness import cadence, mesh, rules
 from harness.config import TrainConfig, as_synthetic, in_range, key_of, one_of, positive
 from harness.config_root import workload_config
 from harness.errors import UsageError
-from harness.workload import Metric, WorkloadSpec, by_name, is_synthetic
+from harness.workload import Metric, WorkloadSpec, by_name, from_module, is_synthetic
 from workloads.optim import schedules
 from workloads.optim.configs import SgdStepConfig
 
@@ -288,28 +288,17 @@ def missing_data(cfg, data_dir) -> list[str]:
   return missing
 
 
-def _coco_evaluator(cfg, data_dir, pipeline):
-  from workloads.ssd import host_eval          # pycocotools: loaded when a trainer evaluates
-  return host_eval.CocoEvaluator(cfg, data_dir, BOX_MAP.name, pipeline)
-
-
 SPEC = WorkloadSpec(
     name="ssd",
-    mlperf_benchmark="ssd",
     title="SSD300-ResNet34 on COCO 2017",
     metric=BOX_MAP,
     presets=by_name(mini, reference, synthetic, tiny),
-    package=__package__,
-    make_evaluator=_coco_evaluator,
-    mllog_hyperparameters=mllog_hyperparameters,
-    derive=derive,
-    bn_span=lambda cfg, data_replicas: mesh.bn_span(cfg.parallel, data_replicas,
-                                                     cfg.train.global_batch_size),
+    bn_span=mesh.run_bn_span,
     mesh_axes=("data", "spatial"),
     split_dims=lambda cfg: {"height": cfg.data.image_size},
-    batch_layout=batch_layout,
     param_axes=PARAM_AXES,
-    missing_data=missing_data,
     data_dir_contents=("a tensorflow-datasets data dir holding a prepared coco/2017/ (tfds "
                        "build coco/2017 --data_dir DIR) and the backbone's resnet34-333f7ec4.npz"),
+    host_evaluator="host_eval.CocoEvaluator",
+    **from_module(globals()),
 )

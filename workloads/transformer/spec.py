@@ -21,7 +21,7 @@ from harness import cadence, rules
 from harness.config import TrainConfig, as_synthetic, in_range, key_of, one_of, positive
 from harness.config_root import workload_config
 from harness.errors import UsageError
-from harness.workload import Metric, WorkloadSpec, by_name
+from harness.workload import Metric, WorkloadSpec, by_name, from_module
 from workloads.common import mini_cache
 from workloads.common.moe import MoEConfig, check_groups
 from workloads.common.moe import capacity as moe_capacity, dispatch_bytes as moe_dispatch_bytes
@@ -368,34 +368,19 @@ def missing_data(cfg, data_dir) -> list[str]:
                     if not os.path.exists(os.path.join(data_dir, f))]
 
 
-def _bleu_evaluator(cfg, data_dir, pipeline):
-  from workloads.transformer import host_bleu   # the BLEU scorer: loaded when a trainer evaluates
-  return host_bleu.BleuEvaluator(cfg, data_dir, BLEU.name, pipeline)
-
-
 SPEC = WorkloadSpec(
     name="transformer",
-    mlperf_benchmark="transformer",
     title="Transformer (big) translation, WMT English-German",
     metric=BLEU,
     presets=by_name(mini, moe_mini, reference, synthetic, tiny),
-    package=__package__,
-    make_evaluator=_bleu_evaluator,
-    mllog_hyperparameters=mllog_hyperparameters,
-    derive=derive,
     mesh_axes=("data", "model", "stage", "expert"),
     split_dims=lambda cfg: {"length": cfg.data.max_length, "heads": cfg.model.num_heads,
                             "mlp": cfg.model.filter_size, "vocab": cfg.model.vocab_size,
                             "experts": cfg.model.moe.num_experts},
-    batch_layout=batch_layout,
     param_axes=PARAM_AXES,
-    pipeline_layers=pipeline_layers,
     data_dir_contents=("the reference's data_download.py output: wmt32k-train-*, "
                        "vocab.ende.32768, newstest2014.en, newstest2014.de (or, with "
                        "data.source=tfds, vocab.ende.32768 and the prepared tfds WMT dataset)"),
-    missing_data=missing_data,
-    check_framework=check_framework,
-    sample_unit=sample_unit,
-    describe_lines=describe_lines,
-    all_to_all_bytes=all_to_all_bytes,
+    host_evaluator="host_bleu.BleuEvaluator",
+    **from_module(globals()),
 )

@@ -38,15 +38,6 @@ def glorot(fan_in, fan_out):
   return keras.initializers.RandomUniform(-limit, limit)
 
 
-class Block(layers.Layer):
-  """A layer whose weights are made in __init__ or by its sublayers on their first call: no
-  shape-traced build (Keras would try to trace call() with the input shapes alone)."""
-
-  def build(self, *args, **kwargs):
-    del args, kwargs
-    self.built = True
-
-
 class Projection(layers.Layer):
   """A bias-free projection whose kernel has the flax DenseGeneral layout; `equation` names it
   (x's trailing dimensions contracted with the kernel's leading ones). On a model axis: `split`
@@ -111,7 +102,7 @@ class LayerNorm(layers.Layer):
     return ops.cast(y * ops.cast(self.scale, acc) + ops.cast(self.bias, acc), x.dtype)
 
 
-class Attention(Block):
+class Attention(tf_layers.BuiltInInitLayer):
   @mp.in_path
   def __init__(self, hidden_size, num_heads, dropout, runtime=None, **kwargs):
     super().__init__(**kwargs)
@@ -145,7 +136,7 @@ class Attention(Block):
     return self.attend(x, k, v, bias, training)
 
 
-class FeedForward(Block):
+class FeedForward(tf_layers.BuiltInInitLayer):
   @mp.in_path
   def __init__(self, hidden_size, filter_size, dropout, runtime=None, **kwargs):
     super().__init__(**kwargs)
@@ -186,7 +177,7 @@ def _apply_ffn(ffn, x, real, training):
   return ffn(x, training=training)
 
 
-class EncoderLayer(Block):
+class EncoderLayer(tf_layers.BuiltInInitLayer):
   @mp.in_path
   def __init__(self, cfg, runtime=None, index=0, **kwargs):
     super().__init__(**kwargs)
@@ -209,7 +200,7 @@ class EncoderLayer(Block):
     return x + drop(_apply_ffn(self.ffn, self.ffn_norm(x), real, training))
 
 
-class DecoderLayer(Block):
+class DecoderLayer(tf_layers.BuiltInInitLayer):
   @mp.in_path
   def __init__(self, cfg, runtime=None, index=0, **kwargs):
     super().__init__(**kwargs)
@@ -258,7 +249,7 @@ class DecoderLayer(Block):
     return x, {**cache, "k": keys, "v": values}
 
 
-class Stack(Block):
+class Stack(tf_layers.BuiltInInitLayer):
   """num_layers encoder or decoder layers (named layer_i) and the final LayerNorm."""
 
   @mp.in_path
@@ -289,7 +280,7 @@ class Stack(Block):
     return self.output_norm(x)
 
 
-class Transformer(keras.Model):
+class Transformer(tf_layers.BuiltInInit, keras.Model):
   """call(inputs, targets) -> logits [B, L, V] in the accumulation dtype."""
 
   def __init__(self, model_cfg, dtype="float32", runtime=None, stages=None, **kwargs):
@@ -318,11 +309,6 @@ class Transformer(keras.Model):
                  if isinstance(layer, MoEFeedForward)]
     for key, layer in enumerate(dropouts):       # construction order: the same every build
       layer.key = key
-
-  def build(self, *args, **kwargs):
-    """Every weight is made in __init__ or by a sublayer on its first call (as Block's)."""
-    del args, kwargs
-    self.built = True
 
   @property
   def vocab_parallel(self):
