@@ -129,6 +129,16 @@ def _checker_reads_rules_with_libyaml():
     mlp_compliance.yaml = real
 
 
+def _check_parsed(checker, lines, failed, config) -> bool:
+  """The checker's check_file on a log already parsed (its own calls after its parse_file, in
+  its order): the log is read and parsed once, not once by the checker and once here."""
+  if failed:
+    checker.put_message("Log lines had parsing errors.")
+  checker.check_loglines(lines, config)
+  checker.log_messages()
+  return not checker.has_messages()
+
+
 def run_minutes(log_path: str, ruleset: str, parsed=None) -> tuple[float | None, str]:
   """(minutes from run_start to run_stop, "" or why the run does not count) of an MLPerf log,
   after the round's compliance check, as the official summarizer reads it. `parsed`: the
@@ -137,11 +147,11 @@ def run_minutes(log_path: str, ruleset: str, parsed=None) -> tuple[float | None,
   previous = logging.root.manager.disable
   logging.disable(logging.CRITICAL)          # the checker logs every finding to the root logger
   try:
+    lines, failed = parsed or mlp_parser.parse_file(log_path, ruleset=ruleset)
     checker = mlp_compliance.make_checker(usage="training", ruleset=ruleset, quiet=True,
                                           werror=False)   # fresh per log: it keeps state
     with _checker_reads_rules_with_libyaml():
-      valid = checker.check_file(log_path, f"training_{ruleset}/common.yaml")
-    lines, failed = parsed or mlp_parser.parse_file(log_path, ruleset=ruleset)
+      valid = _check_parsed(checker, lines, failed, f"training_{ruleset}/common.yaml")
   finally:
     logging.disable(previous)
   if not valid:

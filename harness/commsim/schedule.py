@@ -23,7 +23,9 @@ class Track:
   chunks: Callable[[int], tuple[np.ndarray, np.ndarray]]
   op: str                             # REDUCE: dst += src's chunks; COPY: dst = src's chunks
   uniform: bool                       # the per-message chunk counts are the same every step
-  routes: tuple | None = None         # (ptr [m+1], links) filled by timing.py
+  # its routes on the machine it was built for (timing.py's _Routes, made at its first timing:
+  # a schedule timed at many sizes, as predict's buckets are, routes once)
+  routes: object = None
 
 
 @dataclasses.dataclass

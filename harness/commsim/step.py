@@ -30,7 +30,7 @@ papers' "fixed batch size limits data parallelism"):
 import math
 
 from harness import devices
-from harness.commsim import algorithms, machine as machine_lib, tables
+from harness.commsim import algorithms, machine as machine_lib, tables, timing
 from harness.errors import UsageError
 
 SCALING_CHIPS = (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
@@ -80,13 +80,14 @@ def predict(sizes_bytes, flops_per_example, per_chip_batch, peak, mfu, bucket_by
 
 def _best_all_reduce(machine_kwargs, topology):
   machine = machine_lib.Machine(topology, **machine_kwargs)
-  names = algorithms.applicable(machine, "all-reduce")
+  # each algorithm's schedule built once and timed at every size asked (its routes kept)
+  schedules = [algorithms.build(machine, "all-reduce", a)
+               for a in algorithms.applicable(machine, "all-reduce")]
   cache = {}
 
   def seconds(nbytes):
     if nbytes not in cache:
-      cache[nbytes] = min(tables.simulate(machine, "all-reduce", a, nbytes)["time_s"]
-                          for a in names)
+      cache[nbytes] = min(timing.simulate(machine, s, nbytes).time_s for s in schedules)
     return cache[nbytes]
   return seconds
 

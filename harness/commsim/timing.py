@@ -136,10 +136,10 @@ def _in_network(machine, schedule, nbytes) -> Timing:
 def _simulate(machine, schedule, nbytes, protocol) -> Timing:
   chunk_bytes = nbytes / schedule.vector_chunks
   total, link_bytes = 0.0, np.zeros(machine.num_links)
-  routes = {}
   for stage in schedule.stages:
     for track in stage.tracks:
-      routes[id(track)] = _Routes(machine, track)
+      if track.routes is None:
+        track.routes = _Routes(machine, track)
     ends = sorted({t.steps for t in stage.tracks})
     start = 0
     for end in ends:                         # tracks active over [start, end) do not change
@@ -149,7 +149,7 @@ def _simulate(machine, schedule, nbytes, protocol) -> Timing:
       else:
         steps = [(s, 1) for s in range(start, end)]
       for s, repeat in steps:
-        t, load = _step(machine, [(t, routes[id(t)], t.chunks(s)[0]) for t in active],
+        t, load = _step(machine, [(t, t.routes, t.chunks(s)[0]) for t in active],
                         chunk_bytes, protocol)
         total += t * repeat
         link_bytes += load * repeat
