@@ -98,6 +98,7 @@ class Run:
     self.trainer, self.seed = trainer, seed
     if opts.signals:                  # the trainer's loops stop at a step boundary (faults.py)
       trainer.stop_check = opts.signals.check
+      opts.signals.reclaim()          # from the framework's preemption notifier, if it took them
     stamp = datetime.datetime.now(datetime.timezone.utc)
     self.started_at = stamp.isoformat(timespec="seconds")
     self.run_id = (f"{spec.name}_{opts.framework}_{opts.preset}_"
@@ -195,9 +196,20 @@ class Run:
     except Exception as e:  # pylint: disable=broad-except  # every run ends in a row
       line = errors.explained(e)       # e.g. a corrupt data file: its name, not a traceback
       row["abort_reason"] = (line or f"{type(e).__name__}: {e}").replace("\n", " ")[:300]
-      if line is None:
+      received = opts.signals.received if opts.signals else None
+      if received is not None:
+        # A signal came first, and the error followed it: a scheduler signals every process,
+        # each stops at its own next step boundary, and one that is a step behind its peer
+        # waits in that step's collective until the heartbeat names the peer lost. The run
+        # was preempted: the row and the exit status say so, the error after it.
+        self.interrupted_by = received
+        row["abort_reason"] = (f"{faults.Interrupted(received).reason} after "
+                               f"{self._samples_trained(row)} samples; then: "
+                               f"{row['abort_reason']}")[:300]
+        self._progress()               # the supervisor's copy, should the process die now
+      elif line is None:
         traceback.print_exc(file=sys.stderr)
-      if opts.defer_errors:
+      if opts.defer_errors and received is None:
         deferred = True
         self._progress(deferred=True)
         raise Deferred(row["abort_reason"]) from None
@@ -235,17 +247,18 @@ class Run:
                      if result.time_to_train_s is not None else "")
                   + (f"; {saved}" if saved else ""))
 
-  def _close_at_once(self, signum):
-    """A second signal (the watcher thread): close the run now and leave the process."""
+  def _close_at_once(self, signum, reason=None, status=None):
+    """A second signal (the watcher thread), or the supervisor's death (reason and status
+    given: faults.SignalWatch.orphaned): close the run now and leave the process."""
     self.interrupted_by = self.interrupted_by or signum
     if not self.closed:
-      self.state["abort_reason"] = (f"{faults.signal_name(signum)} received, then another "
-                                    "signal: ended at once")
+      self.state["abort_reason"] = reason or (f"{faults.signal_name(signum)} received, then "
+                                              "another signal: ended at once")
       self.state["status"] = C.ABORTED
     self._close()
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(faults.signal_exit_status(signum))
+    os._exit(status if status is not None else faults.signal_exit_status(signum))
 
   def _progress(self, closed=False, deferred=False):
     """The supervisor's copy of the run's state: the row as it stands (aborted until it is

@@ -16,6 +16,18 @@ loop may hold for minutes): it writes `run_stop` and the row and leaves with os.
 within REPEAT_S of the first counts as the same signal: srun delivers a signal to every process
 of a step and the supervisor forwards it too.
 
+The frameworks take SIGTERM for themselves once they start a multi-process run: JAX's
+jax.distributed.initialize and TF's MultiWorkerMirroredStrategy install a C++ preemption
+notifier as its handler, which swallows the signal (a two-process run went on to its target
+after SIGTERM). `reclaim()`, called once the trainer is built, puts this watch's handlers back.
+
+Orphans. A supervised child (harness/supervise.py) ends with its supervisor: the watch's own
+thread sees the parent gone (os.getppid() no longer the SUPERVISOR_ENV pid, within
+PARENT_POLL_S) and closes the run at once, as a second signal does, with the reason, so a
+`kill -9` of the process a launcher sees does not leave the training running, unsupervised
+and holding its peers in their collectives (the supervisor also sets PR_SET_PDEATHSIG, which
+ends a child whose watch has not started yet).
+
 Lost peers. A framework reports a peer that stopped answering in its own words (JAX's
 coordination service, TF's collective health check); `lost_peer` reads the process index from
 either, for the one line the run ends with.
@@ -25,12 +37,15 @@ import json
 import os
 import re
 import signal
+import sys
 import threading
 import time
 
 HANDLED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 REPEAT_S = 1.0                  # a repeat of the first signal within this is the same signal
 PROGRESS_ENV = "HARNESS_PROGRESS_FILE"     # set by the supervisor for its child
+SUPERVISOR_ENV = "HARNESS_SUPERVISOR_PID"  # ... and its own pid: the child ends when it dies
+PARENT_POLL_S = 0.2             # how often a supervised child looks whether its parent lives
 
 
 def signal_name(signum: int) -> str:
@@ -66,7 +81,7 @@ class SignalWatch:
 
   def __init__(self):
     self.received = None
-    self.on_second = None
+    self.on_second = None               # on_second(signum, reason=None, status=None)
     self._first_at = None
     self._lock = threading.Lock()
     self._saved = None
@@ -83,7 +98,41 @@ class SignalWatch:
       signal.signal(signum, self._handler)
     threading.Thread(target=self._watch, args=(read,), daemon=True,
                      name="harness-signal-watch").start()
+    supervisor = os.environ.get(SUPERVISOR_ENV, "")
+    if supervisor.isdigit():
+      threading.Thread(target=self._watch_parent, args=(int(supervisor),), daemon=True,
+                       name="harness-parent-watch").start()
     return self
+
+  def reclaim(self):
+    """Installs this watch's handlers again: a framework's multi-process start-up replaced
+    SIGTERM's with its own (see the module's docstring)."""
+    if self._saved is None or threading.current_thread() is not threading.main_thread():
+      return
+    for signum in HANDLED_SIGNALS:
+      signal.signal(signum, self._handler)
+
+  def _watch_parent(self, supervisor: int):
+    """A supervised child's thread: ends the process once its supervisor is gone."""
+    while self._saved is not None:
+      if os.getppid() != supervisor:
+        self.orphaned(supervisor)
+        return
+      time.sleep(PARENT_POLL_S)
+
+  def orphaned(self, supervisor: int):
+    """The supervisor died (SIGKILL: nothing reached us): close the current run at once, as a
+    second signal does, or leave at once if no run is open. Does not return."""
+    reason = f"its supervisor (pid {supervisor}) was killed: the training ended at once"
+    status = signal_exit_status(signal.SIGKILL)
+    with self._lock:
+      if self.received is None:
+        self.received, self._first_at = signal.SIGTERM, float("-inf")
+    if self.on_second is not None:
+      self.on_second(self.received, reason=reason, status=status)
+    print(f"run_benchmark.py: {reason}", file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os._exit(status)
 
   def __exit__(self, *exc):
     if self._saved is None:
@@ -150,6 +199,10 @@ _LOST_PEER = (
     # ... at a task that lost the service itself: the leader, process 0, is gone
     (re.compile(r"Failed to send RPC to coordination service|leader task was "
                 r"preempted/died"), 0),
+    # ... or its error poll: "The following tasks are unhealthy (stopped sending heartbeats):
+    # 1" (JAX 0.10, the dead task's index alone on the next line)
+    (re.compile(r"JAX distributed service detected fatal errors[^\n]*unhealthy \(stopped "
+                r"sending heartbeats\):\s*\n?\s*(\d+)\s*$", re.M), None),
     # TF's collective health check (MultiWorkerMirroredStrategy)
     (re.compile(r"unhealthy \(stopped sending heartbeats\):\s*/job:[\w-]+/replica:\d+/"
                 r"task:(\d+)"), None),

@@ -13,6 +13,9 @@ How:
   `run_start`, whether the run was closed (its `run_stop` and row written).
 - The child runs in its own session: a terminal's Ctrl-C reaches the parent only, which
   forwards each signal it gets (SIGTERM, SIGINT, SIGUSR1) to the child, once.
+- The child ends with the parent: a supervisor killed by SIGKILL (which it cannot forward) has
+  its child close the run at once and leave (faults.SignalWatch.orphaned; PR_SET_PDEATHSIG
+  before the watch starts), so no training goes on as an orphan of init.
 - The child's stderr passes through the parent line by line until a Python traceback or a C++
   fatal dump begins; from there it goes to `<log>.stderr.txt` beside the run's log, and the
   run's one line names that file.
@@ -54,13 +57,21 @@ def is_child() -> bool:
   return os.environ.get(SUPERVISED_ENV) == "1"
 
 
-def _die_with_parent():
-  """In the child, before exec: SIGTERM when the parent dies (Linux), so a killed supervisor
-  does not leave its training running unsupervised; the child then closes its run itself."""
-  try:
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)    # PR_SET_PDEATHSIG
-  except (OSError, AttributeError):
-    pass
+def _die_with(parent: int):
+  """The child's preexec_fn (after fork, before exec): SIGTERM when the parent dies (Linux's
+  PR_SET_PDEATHSIG), so a killed supervisor does not leave its training running unsupervised;
+  a parent already gone (killed between the fork and here) ends the child now. Once the run's
+  SignalWatch starts, its thread watches the parent too (faults.SUPERVISOR_ENV): the
+  frameworks' multi-process start-up takes SIGTERM's handler for a while, and a child in its
+  step loop must close its run at once, not at the next boundary."""
+  def preexec():
+    try:
+      ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))   # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+      pass
+    if os.getppid() != parent:
+      os._exit(faults.signal_exit_status(signal.SIGKILL))
+  return preexec
 
 
 class _StderrRelay(threading.Thread):
@@ -90,10 +101,11 @@ def run(argv: list[str]) -> int:
   """Runs `run_benchmark.py ARGV` as a supervised child; returns the command's exit status."""
   tmp = tempfile.mkdtemp(prefix="harness-supervisor-")
   progress_path = os.path.join(tmp, "progress.json")
-  env = dict(os.environ, **{SUPERVISED_ENV: "1", faults.PROGRESS_ENV: progress_path})
+  env = dict(os.environ, **{SUPERVISED_ENV: "1", faults.PROGRESS_ENV: progress_path,
+                            faults.SUPERVISOR_ENV: str(os.getpid())})
   sys.stdout.flush()
   child = subprocess.Popen([sys.executable, _ENTRY, *argv], env=env, stderr=subprocess.PIPE,
-                           start_new_session=True, preexec_fn=_die_with_parent)
+                           start_new_session=True, preexec_fn=_die_with(os.getpid()))
   relay = _StderrRelay(child.stderr)
   relay.start()
   forward = lambda signum, frame: _forward(child, signum)
@@ -164,6 +176,8 @@ def _finish(returncode, progress, relay) -> int:
   if progress.get("interrupted_by"):        # a signal first: a preempted peer's end follows
     signum = progress["interrupted_by"]
     reason = f"{faults.signal_name(signum)} received"
+    if (row.get("abort_reason") or "").startswith(reason):
+      reason = row["abort_reason"]     # the child's words: how far it got, what followed
     status = faults.signal_exit_status(signum)
   elif lost is not None:
     reason = faults.lost_peer_line(lost, progress.get("hosts"), progress.get("heartbeat_s"))

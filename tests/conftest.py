@@ -222,6 +222,8 @@ def assert_same_saved_run(multi_path, one_path, count):
 # most tests first: the end-to-end files, two to eleven tests each, started last and the last of
 # them ran alone while the other workers idled). Files not listed follow (SLOW_BY_NAME below).
 LONG_FILES = (
+    # first: its jobs run under slurmd (their CPU is not the test's), mostly waiting on them
+    "tests/parallel/test_slurm_cluster.py",
     "tests/parallel/test_pipeline_end_to_end.py",
     "tests/parallel/test_jax_pipeline.py",
     "tests/parallel/test_tf_model_parallel.py",

@@ -139,11 +139,13 @@ def test_the_cluster_files_parse_and_start_what_the_harness_reads(tmp_path):
   assert srun == _srun_line(os.path.join(ROOT, "README.md"))     # the README's command
   parser = cli_lib.build_parser()
   example = {"WORKLOAD": "bert", "FRAMEWORK": "tf", "PRESET": "reference", "DATA_DIR": "/d",
-             "SLURM_JOB_ID": "42", "RESULTS": "results/slurm-42.csv"}
+             "SLURM_JOB_ID": "42", "RESULTS": "results/slurm-42.csv",
+             "LOG_DIR": "logs/slurm-42", "RUN_ARGS": "--heartbeat-timeout 10"}
   words = shlex.split(re.sub(r"\$(\w+)", lambda m: example[m.group(1)], srun))
   assert words[:3] == ["srun", "python", "run_benchmark.py"]
   args = parser.parse_args(words[3:])
   assert (args.command, args.workload, args.framework, args.seed) == ("run", "bert", "tf", 42)
+  assert (args.log_dir, args.heartbeat_timeout) == ("logs/slurm-42", 10)
   assert not {"--coordinator", "--num-processes", "--process-id"} & set(words)
   assert [d["kind"] for d in docs] == ["JobSet", "JobSet"]
   assert all(p["completionMode"] == "Indexed" and p["completions"] == p["parallelism"] == 2

@@ -54,6 +54,10 @@ def test_lost_peer_is_read_from_each_frameworks_words():
   assert faults.lost_peer("Collective ops is aborted by: Error reported from /job:worker/"
                           "task:0: The following tasks are unhealthy (stopped sending "
                           "heartbeats):\n/job:worker/replica:0/task:2\nThe tasks have") == 2
+  assert faults.lost_peer("F1128 08:21:28.799796   10295 client.h:80] Terminating process "
+                          "because the JAX distributed service detected fatal errors. ... "
+                          "absl::Status: UNAVAILABLE: The following tasks are unhealthy "
+                          "(stopped sending heartbeats):\n1\nThe tasks have crashed.") == 1
   assert faults.lost_peer("Collective ops is aborted by: Socket closed\nAdditional GRPC error "
                           "information from remote target /job:worker/replica:0/task:1 while "
                           "calling /tensorflow.WorkerService/RecvBuf:") == 1
@@ -317,4 +321,38 @@ def test_a_signal_stops_the_run_only_at_the_trainer_s_step_boundary(tmp_path):
   assert rows.exit_status() == 128 + signal.SIGTERM
   row = pd.read_csv(tmp_path / "r.csv").iloc[0]
   assert row["status"] == "aborted" and row["abort_reason"].startswith("SIGTERM received after")
+  _assert_closed_aborted_log(row["log_path"])
+
+
+class _BehindItsPeer(ScriptedTrainer):
+  """A process a step behind its peer when the scheduler's signal reaches both: the peer stops
+  at its boundary and leaves; this one, inside its next step's collective, gets the signal
+  there and then the framework's error for the peer it waits for."""
+
+  def train(self, num_steps=None, *, samples=None):
+    if self.evals == 1:
+      os.kill(os.getpid(), signal.SIGUSR1)      # recorded; the step goes on (no boundary yet)
+      for _ in range(1000):
+        pass
+      raise RuntimeError("collective: peer task 1 stopped sending heartbeats")
+    return super().train(num_steps, samples=samples)
+
+
+def test_an_error_after_a_signal_ends_the_run_as_preempted(tmp_path):
+  """The run was preempted, and the error is what its stopped peer left it in: the row, the
+  one line and the exit status name the signal, the error after it (a two-process run under
+  scancel --signal=USR1 ended "lost peer" when its processes stopped a step apart)."""
+  trainer = _BehindItsPeer([0.5, 0.6, 0.7])
+  cfg = spec.mini()
+  cfg.train.global_batch_size = 64
+  with faults.SignalWatch() as watch:
+    opts = driver.RunOptions(framework="jax", preset="mini", seed=7, signals=watch,
+                             results_path=str(tmp_path / "r.csv"),
+                             log_dir=str(tmp_path / "logs"))
+    rows = driver.run_all(spec.SPEC, cfg, opts, lambda seed: trainer)
+  assert rows.exit_status() == 128 + signal.SIGUSR1
+  row = pd.read_csv(tmp_path / "r.csv").iloc[0]
+  assert row["status"] == "aborted"
+  assert row["abort_reason"].startswith("SIGUSR1 received after 640 samples; then: RuntimeError")
+  assert "stopped sending heartbeats" in row["abort_reason"]
   _assert_closed_aborted_log(row["log_path"])

@@ -57,24 +57,40 @@ def tf_config(parallel):
           "task": {"type": "worker", "index": parallel.process_id}}
 
 
+class _SlurmResolver(tf.distribute.cluster_resolver.SlurmClusterResolver):
+  """SlurmClusterResolver with task i of the step listening on the port base + i (SLURM_PROCID),
+  not + its index on its node: two nodes that share one host's addresses (SLURM's
+  multiple-slurmd mode: docs/cluster/local_slurm.sh) would otherwise both bind the base."""
+
+  def cluster_spec(self):
+    spec = super().cluster_spec().as_dict()
+    index, renumbered = 0, {}
+    for job in sorted(spec):              # the resolver's own order: its task ids follow it
+      for address in spec[job]:
+        renumbered.setdefault(job, []).append(
+            f"{address.rsplit(':', 1)[0]}:{self._port_base + index}")
+        index += 1
+    self._cluster_allocation = renumbered
+    return tf.train.ClusterSpec(renumbered)
+
+
 def cluster_resolver(parallel):
   """The tf.distribute cluster resolver of a multi-process run (harness/cluster.py): in an
   srun step, SlurmClusterResolver (tasks per node from SLURM_STEP_TASKS_PER_NODE, the ports
-  from the one JAX's SLURM detection uses, + the task's index on its node); from TF_CONFIG,
-  TFConfigClusterResolver; from the flags, the same on a TF_CONFIG built here (one host: worker
-  i at the coordinator's port + i)."""
+  from the one JAX's SLURM detection uses, + the task's index in the step: _SlurmResolver); from
+  TF_CONFIG,
+  TFConfigClusterResolver; from the flags, the same on a TF_CONFIG built here (one host:
+  worker i at the coordinator's port + i)."""
   resolvers = tf.distribute.cluster_resolver
   if parallel.cluster == "slurm":
     found = cluster_lib.detect()
     if found.gpus_on_node:
-      return resolvers.SlurmClusterResolver(port_base=found.slurm_port,
-                                            gpus_per_node=found.gpus_on_node,
-                                            gpus_per_task=found.gpus_per_task or None)
+      return _SlurmResolver(port_base=found.slurm_port, gpus_per_node=found.gpus_on_node,
+                            gpus_per_task=found.gpus_per_task or None)
     # A CPU step: the resolver pairs each task with GPUs; give each a notional one and
     # leave CUDA_VISIBLE_DEVICES alone.
-    return resolvers.SlurmClusterResolver(port_base=found.slurm_port,
-                                          gpus_per_node=found.num_processes, gpus_per_task=1,
-                                          auto_set_gpu=False)
+    return _SlurmResolver(port_base=found.slurm_port, gpus_per_node=found.num_processes,
+                          gpus_per_task=1, auto_set_gpu=False)
   if parallel.cluster != "tf_config":
     os.environ["TF_CONFIG"] = json.dumps(tf_config(parallel))
   return resolvers.TFConfigClusterResolver()
