@@ -244,7 +244,6 @@ LONG_FILES = (
     "tests/parallel/test_jax_distributed.py",
     "tests/parallel/test_model_parallel_end_to_end.py",
     "tests/parallel/test_tf_step_structure.py",
-    "tests/parallel/test_cluster_launch.py",
     "tests/harness/test_predict.py",
     "tests/harness/test_summarize.py",
     "tests/bert/test_bert_parity.py",

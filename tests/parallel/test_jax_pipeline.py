@@ -36,9 +36,10 @@ from tests.trees import assert_trees_close
 pytestmark = pytest.mark.usefixtures("jax_float64")     # tests/conftest.py
 
 RTOL = 1e-9
-# (stages, micro-batches): fewer micro-batches than stages, as many, and twice as many (4, 2
-# showed what 2, 1 does at twice the stages: dropped for suite time)
-GRID = [(2, 1), (2, 2), (4, 8)]
+# (stages, micro-batches): fewer micro-batches than stages and twice as many (4, 2 showed what
+# 2, 1 does at twice the stages: dropped for suite time; as many as stages, 2, 2, is ResNet's
+# case below: the schedule is the same code for every model)
+GRID = [(2, 1), (4, 8)]
 
 
 def assert_close(actual, expected):
@@ -88,9 +89,9 @@ def test_transformer_pipelined_equals_one_device(stages, microbatches):
 
 
 @pytest.mark.parametrize("mesh,microbatches,remat,fill", [
-    ("stage=2,data=2", 4, False, 0.0), ("stage=4,data=2", 2, True, 0.0),
-    ("stage=2,data=1", 4, True, float("nan"))])      # (stage=4,data=1 M=8: GRID's, suite time;
-                                                     # data x stage x model: the two-step test)
+    ("stage=4,data=2", 2, True, 0.0), ("stage=2,data=1", 4, True, float("nan"))])
+# (stage=4,data=1 M=8: GRID's; stage=2,data=2 M=4 without remat: what these two and GRID's
+# 4, 8 show, 12 CPU s; data x stage x model: the two-step test)
 def test_transformer_with_data_axis_remat_and_nan_bubbles(mesh, microbatches, remat, fill):
   batch, rng, (loss, grads) = transformer_reference()
   got_loss, got_grads, _ = transformer_pipelined(transformer(mesh, microbatches), batch, rng,
@@ -302,8 +303,9 @@ def test_resnet_pipelined_equals_the_micro_batched_step_on_one_device(stages, mi
   assert_close(got_stats, stats)
 
 
+# (stage=2,data=2 M=4 without remat was here too: the same pooled statistics, 11 CPU s)
 @pytest.mark.parametrize("mesh,microbatches,remat,fill", [
-    ("stage=2,data=2", 4, False, 0.0), ("stage=4,data=2", 2, True, float("nan"))])
+    ("stage=4,data=2", 2, True, float("nan"))])
 def test_resnet_with_data_axis_remat_and_nan_bubbles(mesh, microbatches, remat, fill):
   """With data=2 batch norm pools each micro-batch's statistics over both replicas."""
   _, batch = resnet_batch()

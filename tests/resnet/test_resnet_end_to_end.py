@@ -58,16 +58,10 @@ def test_mini_resnet_tf_reaches_target_and_log_passes_the_official_checker(cli, 
   assert check.returncode == 0 and "PASSED" in check.stdout, check.stdout
 
 
-def test_an_aborted_run_still_ends_in_a_row_and_a_valid_log(cli, tmp_path):
-  results_csv = tmp_path / "results.csv"
-  proc = cli("run", "resnet50", "--seed", "1", "--steps", "3", "--results", str(results_csv),
-             "--log-dir", str(tmp_path / "logs"))
-  assert proc.returncode == 1
-  row = pd.read_csv(results_csv).iloc[0]
-  assert row["status"] == "aborted" and "not reached within 3 steps" in row["abort_reason"]
-  assert pd.isna(row["time_to_train_s"])
-  assert _log_events(row["log_path"])[-1]["metadata"]["status"] == "aborted"
-  assert compliance.check(row["log_path"])[0]
+# A run that spends its --steps cap before its target (aborted row, no time to train, a log the
+# checker passes, exit 1) was a ResNet mini run here (13 CPU s): the driver's path, the same for
+# every trainer, is tests/harness/test_driver.py's budget test with the official checker, and
+# tests/harness/test_faults.py ends real runs aborted by signal, lost peer and full disk.
 
 
 def test_a_nonfinite_loss_aborts(cli, tmp_path):
