@@ -307,19 +307,24 @@ class _PreemptedInsideALibraryCall(ScriptedTrainer):
     return super().train(num_steps, samples=samples)
 
 
-def test_a_signal_stops_the_run_only_at_the_trainer_s_step_boundary(tmp_path):
-  """The handler records; Trainer.stop_check raises. A handler that raised would leave the
-  trainer from inside whatever library call the main thread was in (a preempted JAX run so
-  ended died by SIGABRT, its row lost): deterministic here, the signal sent from inside."""
-  assert threading.current_thread() is threading.main_thread()   # where handlers install
-  trainer = _PreemptedInsideALibraryCall([0.5, 0.6, 0.7])
+def _run_watched(tmp_path, trainer):
+  """The scripted mini run under the command's signal watch, as `run` drives it."""
   cfg = spec.mini()
   cfg.train.global_batch_size = 64
   with faults.SignalWatch() as watch:
     opts = driver.RunOptions(framework="jax", preset="mini", seed=7, signals=watch,
                              results_path=str(tmp_path / "r.csv"),
                              log_dir=str(tmp_path / "logs"))
-    rows = driver.run_all(spec.SPEC, cfg, opts, lambda seed: trainer)
+    return driver.run_all(spec.SPEC, cfg, opts, lambda seed: trainer)
+
+
+def test_a_signal_stops_the_run_only_at_the_trainer_s_step_boundary(tmp_path):
+  """The handler records; Trainer.stop_check raises. A handler that raised would leave the
+  trainer from inside whatever library call the main thread was in (a preempted JAX run so
+  ended died by SIGABRT, its row lost): deterministic here, the signal sent from inside."""
+  assert threading.current_thread() is threading.main_thread()   # where handlers install
+  trainer = _PreemptedInsideALibraryCall([0.5, 0.6, 0.7])
+  rows = _run_watched(tmp_path, trainer)
   assert trainer.library_call_completed is True
   assert rows.exit_status() == 128 + signal.SIGTERM
   row = pd.read_csv(tmp_path / "r.csv").iloc[0]
@@ -346,13 +351,7 @@ def test_an_error_after_a_signal_ends_the_run_as_preempted(tmp_path):
   one line and the exit status name the signal, the error after it (a two-process run under
   scancel --signal=USR1 ended "lost peer" when its processes stopped a step apart)."""
   trainer = _BehindItsPeer([0.5, 0.6, 0.7])
-  cfg = spec.mini()
-  cfg.train.global_batch_size = 64
-  with faults.SignalWatch() as watch:
-    opts = driver.RunOptions(framework="jax", preset="mini", seed=7, signals=watch,
-                             results_path=str(tmp_path / "r.csv"),
-                             log_dir=str(tmp_path / "logs"))
-    rows = driver.run_all(spec.SPEC, cfg, opts, lambda seed: trainer)
+  rows = _run_watched(tmp_path, trainer)
   assert rows.exit_status() == 128 + signal.SIGUSR1
   row = pd.read_csv(tmp_path / "r.csv").iloc[0]
   assert row["status"] == "aborted"
