@@ -14,7 +14,9 @@ and the two are checked apart, each with a stated error rate:
   at 1 - alpha.
 - Convergence, per group: where both sides ran the same seeds with the same framework versions,
   run by run and exactly (with fixed seeds the samples to target are deterministic: any
-  difference is a change of numerics, reported with its seeds); where not, the MLPerf RCP
+  difference is a change of numerics, reported with its seeds and, where both runs' logs are
+  found, the first eval where the curves part; curves that part while the samples to target stay
+  the same are reported, not failed); where not, the MLPerf RCP
   checker's comparison of mean samples to target (rcp_checker._find_p_value: olympic means over
   n-2 runs, a pooled-variance t-test), two-sided, with the standard deviation pooled from both
   sides (an RCP's reference has 10-40 runs; a baseline here has 5).
@@ -41,7 +43,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from harness import results
+from harness import results, run_logs
 
 KEYS = ["workload", "framework", "preset"]
 MEASURES = ("throughput", "time-to-train speed")   # the speed measures, in the table's order
@@ -49,6 +51,7 @@ EXACT_LIMIT = 200_000        # splits enumerated (10 vs 10 is 184,756); beyond, 
 MONTE_CARLO_SPLITS = 20_000  # p resolution 5e-5, far below any corrected level of a CI run
 DEFAULT_THRESHOLD = 0.03
 DEFAULT_ALPHA = 0.05
+LOG = "resolved_log"         # the column compare() adds: each row's log where it was found
 
 
 @dataclasses.dataclass
@@ -60,6 +63,7 @@ class Side:
   ttt_s: np.ndarray
   samples: np.ndarray                # samples (or epochs, where samples are absent) to target
   versions: frozenset = frozenset()
+  logs: tuple = ()                   # each run's MLPerf log where compare() found it, else None
 
   @property
   def success(self) -> int:
@@ -76,10 +80,11 @@ def side_of(frame: pd.DataFrame) -> Side:
   if samples.isna().all():                       # a CSV without samples: epochs measure it
     samples = pd.to_numeric(ok["epochs_to_converge"], errors="coerce")
   versions = frozenset(str(v) for v in ok["versions"].dropna())
+  logs = tuple(ok[LOG]) if LOG in ok else (None,) * len(ok)
   return Side(runs=len(frame), seeds=pd.to_numeric(ok["seed"], errors="coerce").to_numpy(float),
               throughput=pd.to_numeric(ok["throughput"], errors="coerce").to_numpy(float),
               ttt_s=pd.to_numeric(ok["time_to_train_s"], errors="coerce").to_numpy(float),
-              samples=samples.to_numpy(float), versions=versions)
+              samples=samples.to_numpy(float), versions=versions, logs=logs)
 
 
 # ------------------------------------------------------------------------------------ speed
@@ -247,15 +252,26 @@ def convergence_rcp(base: np.ndarray, new: np.ndarray) -> dict:
   return out
 
 
-def convergence_exact(base: Side, new: Side) -> list:
-  """Same seeds: [(seed, base samples, new samples)] for every shared seed that differs."""
-  changed = []
+def convergence_exact(base: Side, new: Side) -> tuple[list, dict]:
+  """Same seeds: [(seed, base samples, new samples)] for every shared seed that differs, and
+  {seed: run_logs.first_parting(...)} for every shared seed whose eval curves differ (where both
+  sides' logs were found; the first run of the seed on each side)."""
+  changed, parted = [], {}
   for seed in sorted(set(base.seeds) & set(new.seeds)):
     b = sorted(set(base.samples[base.seeds == seed]))
     n = sorted(set(new.samples[new.seeds == seed]))
     if b != n:
       changed.append((int(seed), b, n))
-  return changed
+    base_log, new_log = _first_log(base, seed), _first_log(new, seed)
+    if base_log and new_log:
+      parting = run_logs.first_parting(base_log, new_log)
+      if parting is not None:
+        parted[int(seed)] = parting
+  return changed, parted
+
+
+def _first_log(side: Side, seed):
+  return next((log for s, log in zip(side.seeds, side.logs) if s == seed and log), None)
 
 
 def _same_seeds(base: Side, new: Side) -> bool:
@@ -288,6 +304,7 @@ class Group:
   ratios: dict = dataclasses.field(default_factory=dict)    # measure -> (hl, lo, hi)
   exact: bool = False                                        # convergence compared run by run
   changed_seeds: list = dataclasses.field(default_factory=list)
+  parted: dict = dataclasses.field(default_factory=dict)    # seed -> where the curves part
   rcp: dict | None = None
 
 
@@ -303,7 +320,7 @@ def group_figures(base: Side, new: Side | None, alpha: float) -> Group:
   have = np.isfinite(base.samples).all() and np.isfinite(new.samples).all()
   if have and _same_seeds(base, new):
     group.exact = True
-    group.changed_seeds = convergence_exact(base, new)
+    group.changed_seeds, group.parted = convergence_exact(base, new)
   elif have:
     group.rcp = convergence_rcp(base.samples, new.samples)
   return group
@@ -374,8 +391,14 @@ def _convergence_text(g: Group, p_adj: float, alpha: float) -> str:
   if g.exact:
     n = len(set(g.base.seeds) & set(g.new.seeds))
     if not g.changed_seeds:
-      return f"same ({n} seeds)"
-    what = ", ".join(f"seed {s}: {_fmt(b)} -> {_fmt(nn)}" for s, b, nn in g.changed_seeds)
+      if not g.parted:
+        return f"same ({n} seeds)"
+      seed = min(g.parted)
+      return (f"same ({n} seeds; numerics changed: seed {seed}'s curves part at "
+              f"{_parting_text(g.parted[seed])})")
+    what = ", ".join(f"seed {s}: {_fmt(b)} -> {_fmt(nn)}"
+                     + (f", curves part at {_parting_text(g.parted[s])}" if s in g.parted else "")
+                     for s, b, nn in g.changed_seeds)
     return f"changed ({what})"
   if g.rcp is None:
     return "not compared"
@@ -388,6 +411,13 @@ def _convergence_text(g: Group, p_adj: float, alpha: float) -> str:
   if p_adj <= alpha:
     return f"changed (mean {mean_b:.6g} -> {mean_n:.6g}, RCP p={g.rcp['p']:.2g})"
   return f"same (mean {mean_b:.6g} -> {mean_n:.6g}, RCP p={g.rcp['p']:.2g})"
+
+
+def _parting_text(parting):
+  index, epoch, b, n = parting
+  value = lambda v: "no eval" if v is None else repr(v)    # noqa: E731  (every digit: they differ)
+  where = f"epoch {epoch:g}" if isinstance(epoch, (int, float)) else "epoch not logged"
+  return f"eval {index} ({where}: {value(b)} -> {value(n)})"
 
 
 def _fmt(values):
@@ -435,8 +465,14 @@ def _median(values):
 
 def compare(baseline_path: str, new_path: str, threshold: float = DEFAULT_THRESHOLD,
             alpha: float = DEFAULT_ALPHA, speed: bool = True) -> pd.DataFrame:
-  return compare_frames(results.read_csv(baseline_path), results.read_csv(new_path),
-                        threshold, alpha, speed)
+  return compare_frames(_with_logs(baseline_path), _with_logs(new_path), threshold, alpha, speed)
+
+
+def _with_logs(csv_path: str) -> pd.DataFrame:
+  """The CSV's rows with each row's MLPerf log found (or None) in column LOG."""
+  frame = results.read_csv(csv_path)
+  frame[LOG] = [run_logs.resolve_log(p, csv_path) for p in frame["log_path"]]
+  return frame
 
 
 FAILING = ("regression", "convergence changed")

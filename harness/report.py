@@ -10,7 +10,6 @@ Plots are matplotlib PNGs embedded as base64, so the page is one file a CI job c
 import base64
 import html
 import io
-import json
 import os
 
 import matplotlib
@@ -19,6 +18,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from harness import bench_table, changepoints, compare, registry, results, summarize  # noqa: E402
+from harness.run_logs import eval_curve, resolve_log  # noqa: E402
 from harness.errors import UsageError  # noqa: E402
 
 GROUP = ["system", "mlperf_benchmark", "workload", "framework", "preset"]
@@ -33,33 +33,6 @@ def _png(fig) -> str:
 
 def _img(b64, alt):
   return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{b64}">'
-
-
-def resolve_log(log_path, csv_path):
-  """A row's log_path is relative to where the run started: try there, then beside the CSV's
-  folder and its parent (a committed results/ folder); last, the file's name in a logs/ folder
-  beside the CSV (the CI's pages, where the logs are copied: an `ab` run's path is absolute)."""
-  if not isinstance(log_path, str) or not log_path:
-    return None
-  csv_dir = os.path.dirname(os.path.abspath(csv_path))
-  if os.path.isabs(log_path):
-    candidates = [log_path]
-  else:
-    candidates = [os.path.join(base, log_path)
-                  for base in (os.getcwd(), csv_dir, os.path.dirname(csv_dir))]
-  candidates.append(os.path.join(csv_dir, "logs", os.path.basename(log_path)))
-  return next((path for path in candidates if os.path.isfile(path)), None)
-
-
-def eval_curve(log_path):
-  """[(epoch_num, eval_accuracy as logged)] from an MLPerf log."""
-  points = []
-  with open(log_path, encoding="latin-1") as f:
-    for line in f:
-      if line.startswith(":::MLLOG ") and '"eval_accuracy"' in line:
-        event = json.loads(line[len(":::MLLOG "):])
-        points.append((event["metadata"].get("epoch_num"), float(event["value"])))
-  return points
 
 
 def _label(key):

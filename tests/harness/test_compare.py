@@ -3,7 +3,7 @@ import math
 import numpy as np
 import scipy.stats
 
-from harness import cli, compare, config, registry, results, rules
+from harness import cli, compare, config, registry, results, rules, run_logs
 from tests.harness.test_results import make_row
 
 # Five runs' throughput with a 4% spread, like the committed baseline's (BERT, DLRM TF), and
@@ -135,6 +135,45 @@ def test_same_seeds_convergence_is_compared_run_by_run_and_names_the_seed(tmp_pa
   other = _csv(tmp_path, "other.csv", _runs(REDRAWN, seeds=range(100, 105), samples=changed,
                                             versions="python=3.12"))
   assert compare.compare(base, other)["convergence"].iloc[0].startswith("same (mean")  # RCP
+
+
+def _log(tmp_path, name, values):
+  """An MLPerf log whose eval_accuracy events are `values`, one an epoch (mllog's line format)."""
+  path = tmp_path / name
+  lines = [f':::MLLOG {{"namespace": "", "time_ms": {1000 + e}, "event_type": "POINT_IN_TIME", '
+           f'"key": "eval_accuracy", "value": {v!r}, "metadata": {{"epoch_num": {e + 1}}}}}'
+           for e, v in enumerate(values)]
+  path.write_text("\n".join(lines) + "\n")
+  return str(path)
+
+
+def test_same_seeds_name_the_first_eval_where_the_curves_part(tmp_path):
+  """With both runs' logs at hand, a changed seed names the eval where its curves part, and a
+  curve that parts with the same samples to target is a change of numerics said, not failed."""
+  curve = [0.41, 0.52, 0.61, 0.72]
+  base_logs = [_log(tmp_path, f"b{s}.log", curve) for s in range(3)]
+  later = _log(tmp_path, "n1.log", [0.41, 0.51875, 0.6, 0.69, 0.73])
+  wobble = _log(tmp_path, "n2.log", [0.41, 0.52, 0.6100001, 0.72])
+  new_logs = [_log(tmp_path, "n0.log", curve), later, wobble]
+  base = _csv(tmp_path, "base.csv", [
+      make_row(s, seed=100 + s, samples_to_converge=400, log_path=log, throughput=NOISY[s])
+      for s, log in enumerate(base_logs)])
+  new = _csv(tmp_path, "new.csv", [
+      make_row(s, seed=100 + s, samples_to_converge=500 if s == 1 else 400, log_path=log,
+               throughput=REDRAWN[s]) for s, log in enumerate(new_logs)])
+  row = compare.compare(base, new).iloc[0]
+  assert row["verdict"] == ("convergence changed (seed 101: 400 -> 500, curves part at eval 2 "
+                            "(epoch 2: 0.52 -> 0.51875))")
+  same = _csv(tmp_path, "same.csv", [
+      make_row(s, seed=100 + s, samples_to_converge=400, log_path=log, throughput=REDRAWN[s])
+      for s, log in enumerate([new_logs[0], base_logs[1], wobble])])
+  row = compare.compare(base, same).iloc[0]
+  assert row["convergence"] == ("same (3 seeds; numerics changed: seed 102's curves part at "
+                                "eval 3 (epoch 3: 0.61 -> 0.6100001))")
+  assert not row["verdict"].startswith("convergence changed")
+  shorter = _log(tmp_path, "n3.log", curve[:3])
+  assert run_logs.first_parting(base_logs[0], shorter) == (4, 4, 0.72, None)
+  assert run_logs.first_parting(base_logs[0], new_logs[0]) is None
 
 
 def test_other_seeds_convergence_is_the_rcp_comparison_of_means(tmp_path):
