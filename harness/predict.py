@@ -9,20 +9,24 @@ A prediction carries each measured run to the target, every factor from a stated
   steps     ceil(samples / B_target)
   step      the run's own steady step (its training time, evals excluded, over its steps) x
             model(target) / model(source): the model is the compute at b examples a chip (a
-            fixed part, the floor and the optimizer's update over the chip's HBM bandwidth,
-            and the rest per example, over the presets' bf16 peak ratio) plus the gradient
-            all-reduce the simulator exposes after the backward pass (commsim/step.py) and
-            DLRM's all-to-alls; a layout (GPT-3) splits the work and the gradient over
-            replicas; the benchmark's figures come from its workload's mlperf_figures.py or
-            predict_figures.json; on the measured system it is 1. A source on a CPU, simulated
-            devices or a chip without a preset needs the step measured on the target's chip
-            (step_s) for any other accelerator
+            fixed part, the floor -- where the source's step has room for it -- and the
+            optimizer's update over the chip's HBM bandwidth, sharded over the replicas on a
+            TPU; the rest per example, over the presets' bf16 peak ratio) plus the gradient
+            all-reduce exposed after the backward pass (commsim/step.py's buckets, the fastest
+            of the simulator's algorithms and, across nodes of NVIDIA GPUs, NCCL's tree:
+            predict_collective.py; 2-byte elements on NVIDIA GPUs) and DLRM's all-to-alls; a
+            layout (GPT-3) splits the work and the gradient over replicas; the benchmark's
+            figures come from its workload's mlperf_figures.py or predict_figures.json; on the
+            measured system it is 1. A source on a CPU, simulated devices or a chip without a
+            preset needs the step measured on the target's chip (step_s) for any other
+            accelerator
   evals     the run's evals x the samples ratio, each its own eval time scaled to the target's
-            chips as a step's compute is
+            chips (all of it where the metric is reduced on the chips, less a fixed part where
+            it runs on the hosts); an eval that brackets its training block is training time
   time      the olympic mean of the runs carried over (the runs the official summarizer does
             not count still count as failed), x the source's scaling.json: on the measured
             system at its batch it is the measured score; a range of 2 standard errors of
-            the runs' and the RCP's spread
+            the runs', the RCP's and the RCP ratio's spread
 
 Everything here is plain Python (numpy, the simulator, mlperf_logging's files): no framework.
 """
@@ -38,14 +42,25 @@ import numpy as np
 from mlperf_logging import benchmark_meta
 from mlperf_logging.compliance_checker import mlp_parser
 
-from harness import summarize
+from harness import predict_collective as collective, summarize
 from harness.commsim import machine as machine_lib, step as step_lib, tables
 from harness.errors import UsageError
 
-# The part of an eval that does not shrink with the chips (its start, the metric's
-# reduction): one value for every benchmark and machine, assumed (not fitted on any row).
+# The part of an eval that does not shrink with the chips where its metric runs on the hosts
+# (COCO/OpenImages mAP; an eval_on_device benchmark has none): one value for every such
+# benchmark and machine, assumed (not fitted on any row).
 EVAL_FIXED_S = 0.2
-GRADIENT_BYTES = 4                 # float32 gradients (the references' precision)
+# Bytes a gradient element or an exchanged embedding element takes on the wire. NVIDIA's GPU
+# recipes train in mixed precision and reduce in half precision (DeepLearningExamples' BERT
+# --allreduce_post_accumulation_fp16, HugeCTR's fp16 embedding exchange under mixed
+# precision, MXNet's fp16 gradients); the TPU references' XLA all-reduce sums float32.
+GRADIENT_BYTES = 4                 # float32 (TPU, and any accelerator not named below)
+HALF_PRECISION_WIRE = ("dgx-",)    # presets whose submitters' collectives move 2-byte values
+NCCL_TREE = ("dgx-",)              # presets whose collectives are NCCL's (its tree across nodes)
+# TensorCores a chip (Cloud TPU system architecture pages: v3 and v4 chips hold two, v4's as one
+# "megacore" device; v5p two; v5e and v6e one); a GPU is one
+TENSOR_CORES = {"tpu-v3": 2, "tpu-v4": 2, "tpu-v5p": 2}
+SHARDED_UPDATE = ("tpu-",)         # presets whose compiler shards the weight update (layout)
 SPLIT_TENSORS = 64                 # the gradient spread evenly over this many tensors (buckets)
 EMBEDDING_BYTES = 4                # float32 pooled vectors in DLRM's all-to-all (the reference)
 
@@ -64,7 +79,8 @@ RANGE_SIGMAS = 2.0
 # A step's floor besides the optimizer's update: kernel launches, the host loop, batch-norm
 # and loss reductions, which no figure here gives. Not from a spec: the value chosen among 1,
 # 2 and 4 ms on the v0.7 Google TPU rows of the backtest (fitted on development data); without
-# it the backtest's median |error| is 22.4% instead of 13.2% (docs/simulator.md).
+# it the backtest's median |error| is 23.6% instead of 13.5% (docs/simulator.md). Dropped for a
+# source whose measured compute is shorter than it and the update (source_fit).
 LAUNCH_FLOOR_S = 0.004
 
 FIGURES_FILE = os.path.join(os.path.dirname(__file__), "predict_figures.json")
@@ -217,6 +233,16 @@ class IncompleteLog(UsageError):
   official summarizer drops it as failed); alone, bad input."""
 
 
+def _bracketing(evals_ms, block_ms) -> float:
+  """Seconds of the evals logged inside a training block that span (nearly) all of it: such an
+  eval brackets the block's training too (Google's v0.7 DLRM runs one device loop that trains
+  the block and evaluates, its eval_start logged at block_start and eval_stop at block_stop),
+  so its time is not separable from training and stays training time (the step carries it).
+  An eval shorter than 90% of its block (Google's SSD logs one at the block's start) is an
+  eval."""
+  return sum(d for d in evals_ms if block_ms > 0 and d >= 0.9 * block_ms) / 1000.0
+
+
 def read_log(path, ruleset) -> tuple[Run, dict]:
   """A result log -> (Run, {global_batch_size, train_samples, train_samples_end, block_end,
   parsed}). Eval time: eval_start to eval_stop (or to its eval_accuracy where a log has no
@@ -231,6 +257,7 @@ def read_log(path, ruleset) -> tuple[Run, dict]:
   keys = {}
   start = stop = None
   evals, eval_s, open_eval, last_epoch, status, block_end = 0, 0.0, None, None, None, 0
+  block_at, block_evals = None, []
   for line in lines:
     key = line.key
     stamp = _number(line.timestamp, f"{key}'s time_ms", path)
@@ -246,10 +273,17 @@ def read_log(path, ruleset) -> tuple[Run, dict]:
       start = stamp
     elif key == "run_stop" and stop is None:
       stop, status = stamp, _metadata(line).get("status")
+    elif key == "block_start":
+      block_at, block_evals = stamp, []
+    elif key == "block_stop" and block_at is not None:
+      eval_s -= _bracketing(block_evals, stamp - block_at)
+      block_at = None
     elif key == "eval_start":
       open_eval = stamp
     elif key in ("eval_stop", "eval_accuracy") and open_eval is not None:
       eval_s += (stamp - open_eval) / 1000.0
+      if block_at is not None:
+        block_evals.append(stamp - open_eval)
       open_eval = None
       evals += 1
     if key == "eval_accuracy" and _metadata(line).get("epoch_num") is not None:
@@ -269,6 +303,18 @@ def read_log(path, ruleset) -> tuple[Run, dict]:
   keys["block_end"], keys["parsed"] = block_end, parsed
   return Run(minutes=(stop - start) / 60000.0, samples=float(last_epoch or 0), evals=evals,
              eval_s=eval_s, converged=status == "success", path=path), keys
+
+
+def _epochs_trained(run, found, fig) -> float:
+  """DLRM's epochs trained, which its logs' epoch_num does not state alike: NVIDIA's HugeCTR
+  counts from 1 (1.05 at the first eval) and logs the samples trained as train_samples at
+  run_stop; Google's v0.7 logs the eval's index (1, 2, ... 15), each eval `eval_every_epochs`
+  after the last (the cadence NVIDIA's epoch_num steps by, 0.05). In epochs."""
+  if found.get("train_samples_end"):
+    return found["train_samples_end"] / fig["epoch_examples"]
+  if run.samples == int(run.samples) and run.samples == run.evals:
+    return run.evals * fig["eval_every_epochs"]
+  return run.samples
 
 
 def machine_of(accelerator: str, system: str) -> str | None:
@@ -364,6 +410,8 @@ def read_mlperf(bench_dir, ruleset=None) -> Measured:
       # an epoch_num below one batch is no sample count (NVIDIA's v1.0 BERT logs 1 in every
       # eval): the samples trained are the train_samples it logs at the end, where it does
       run.samples = found.get("train_samples_end", run.samples)
+    elif fig.get("eval_every_epochs"):
+      run.samples = _epochs_trained(run, found, fig) * fig["epoch_examples"]
     minutes, why = _official_minutes(path, ruleset, found["parsed"])
     run.counted = not why
     run.minutes = minutes if run.counted else run.minutes
@@ -374,6 +422,9 @@ def read_mlperf(bench_dir, ruleset=None) -> Measured:
                      "allowed: a result folder with a complete MLPerf result log")
   gbs, epoch = int(keys["global_batch_size"]), int(keys.get("train_samples") or 0)
   epoch_note = ""
+  if fig.get("eval_every_epochs"):
+    # DLRM: the runs' samples are already counted above; an epoch is the dataset's
+    epoch, epoch_note = int(fig["epoch_examples"]), fig["epoch_note"]
   full = fig.get("epoch_examples")
   if full and epoch and epoch != full and abs(epoch * gbs / full - 1) < 0.02:
     # NVIDIA's RetinaNet logs the steps of an epoch as train_samples (4,572 at batch 256 =
@@ -384,6 +435,8 @@ def read_mlperf(bench_dir, ruleset=None) -> Measured:
   # samples trained: epochs x an epoch, or BERT's samples (v0.7's BERT logs counted steps);
   # GPT-3's logs count tokens where the RCPs count sequences
   per = epoch if unit == "epochs" else gbs if ruleset == "0.7.0" else 1
+  if fig.get("eval_every_epochs"):
+    per = 1                                      # counted in samples by _epochs_trained
   if fig.get("log_counts") == "tokens":
     per = 1.0 / fig["sequence_length"]
   for run in runs:
@@ -527,7 +580,7 @@ def rcp_points(benchmark, ruleset) -> list[dict]:
   for record in raw.values():
     epochs = sorted(record.get("Epochs to converge") or record.get("samples to converge"))
     points.append({"bs": int(record["BS"]), "mean": float(np.mean(epochs[drop:len(epochs) - drop])),
-                   "stdev": float(np.std(epochs))})
+                   "stdev": float(np.std(epochs)), "runs": max(len(epochs) - 2 * drop, 1)})
   return sorted(points, key=lambda p: p["bs"])
 
 
@@ -554,7 +607,8 @@ def rcp_at(points, bs) -> dict | None:
     lo, hi = below[-1], above[0]
     return {"bs": bs, "how": f"RCPs {lo['bs']} and {hi['bs']} interpolated",
             "mean": float(np.interp(bs, [lo["bs"], hi["bs"]], [lo["mean"], hi["mean"]])),
-            "stdev": float(np.interp(bs, [lo["bs"], hi["bs"]], [lo["stdev"], hi["stdev"]]))}
+            "stdev": float(np.interp(bs, [lo["bs"], hi["bs"]], [lo["stdev"], hi["stdev"]])),
+            "runs": min(lo["runs"], hi["runs"])}
   if above:
     return dict(above[0], bs=bs, how=f"the smallest RCP ({above[0]['bs']})")
   return None
@@ -579,7 +633,12 @@ def convergence(measured: Measured, batch: int) -> dict:
     at_t, at_s = rcp_at(points, batch), rcp_at(points, b_s)
     if at_t is not None and at_s is not None:
       own = "" if ruleset.startswith(measured.round) else f" (round {measured.round} has none)"
+      # the ratio of two RCP means is itself uncertain: each mean's standard error (its
+      # runs' stdev over the square root of the runs its olympic mean keeps), relative
+      ratio_spread = math.hypot(*(p["stdev"] / p["mean"] / math.sqrt(p["runs"])
+                                  for p in (at_t, at_s)))
       return {"ratio": at_t["mean"] / at_s["mean"], "spread": at_t["stdev"] / at_t["mean"],
+              "ratio_spread": ratio_spread,
               "source": f"the measured runs' samples x RCP({batch}) / RCP({b_s}) = "
                         f"{at_t['mean']:.4g} / {at_s['mean']:.4g} {unit} ({at_t['how']}; "
                         f"{at_s['how']}) at ruleset {ruleset}{own}"}
@@ -684,14 +743,30 @@ def make_target(chips, machine, topology=None, accelerator="", per_node=8, link=
                 f"{machine or 'given links'} {topology}{note}")
 
 
+def wire_bytes(machine, reference_bytes) -> int:
+  """Bytes an element of a gradient or an exchanged vector takes on `machine`: 2 where the
+  submitters' recipes reduce in half precision (HALF_PRECISION_WIRE), else the reference's."""
+  return 2 if (machine or "").startswith(HALF_PRECISION_WIRE) else reference_bytes
+
+
 def all_reduce_seconds(target: Target):
+  """nbytes -> seconds of the fastest all-reduce on the target: the simulator's algorithms,
+  and across two or more nodes of NVIDIA GPUs also NCCL's tree (predict_collective), as NCCL
+  picks (Gaudi's HCCL and TPUs' ICI have no such tree here)."""
   if target.chips == 1 or not target.topology:    # one chip, or no network known: none
     return lambda nbytes: 0.0
   # one per machine and topology: it remembers each size it timed (a schedule simulation),
   # and a backtest times the same source system for every target of its family
   key = (target.topology, repr(sorted(target.kwargs.items())))
   if key not in _ALL_REDUCE:
-    _ALL_REDUCE[key] = step_lib._best_all_reduce(target.kwargs, target.topology)  # pylint: disable=protected-access
+    simulated = step_lib._best_all_reduce(target.kwargs, target.topology)  # pylint: disable=protected-access
+    kind, shape = machine_lib.parse_topology(target.topology)
+    if kind == "multinode" and shape[0] > 1 and (target.machine or "").startswith(NCCL_TREE):
+      nodes, gpus = shape
+      _ALL_REDUCE[key] = lambda nbytes: min(simulated(nbytes), collective.tree_all_reduce_seconds(
+          target.kwargs, nodes, gpus, nbytes))
+    else:
+      _ALL_REDUCE[key] = simulated
   return _ALL_REDUCE[key]
 
 
@@ -702,19 +777,19 @@ _ALL_TO_ALL = {}
 def exposed_all_reduce(params, compute_s, target: Target) -> tuple[float, float]:
   """(all-reduce seconds in all, seconds exposed after the backward pass) of a step whose
   compute takes compute_s (a third forward, two thirds backward)."""
-  sizes = [params * GRADIENT_BYTES / SPLIT_TENSORS] * SPLIT_TENSORS
+  sizes = [params * wire_bytes(target.machine, GRADIENT_BYTES) / SPLIT_TENSORS] * SPLIT_TENSORS
   ready = step_lib.buckets(sizes, step_lib.BUCKET_BYTES["jax"], compute_s * 2 / 3, compute_s / 3)
   seconds = all_reduce_seconds(target)
   return sum(seconds(b) for _, b in ready), step_lib.overlap(ready, seconds, compute_s)
 
 
-def all_to_all_bytes(fig, per_chip) -> float:
+def all_to_all_bytes(fig, per_chip, machine=None) -> float:
   """The bytes one chip's vector holds in one of DLRM's all-to-alls: its examples' pooled
   vectors, one a table (features) of embedding_dim floats. Each chip computes every example's
   vectors of the tables it holds and sends each peer its examples' ones: per chip that is its
   own examples' vectors of every table, whichever tables it holds (tables split evenly)."""
   emb = fig["embedding"]
-  return per_chip * emb["features"] * emb["dim"] * EMBEDDING_BYTES
+  return per_chip * emb["features"] * emb["dim"] * wire_bytes(machine, EMBEDDING_BYTES)
 
 
 def all_to_all_seconds(nbytes, target: Target) -> float:
@@ -771,7 +846,17 @@ def layout(measured: Measured, fig: dict, chips: int, batch: int, target: Target
   is sharded over the replicas (the references' distributed optimizer)."""
   lay = fig.get("layout")
   if not lay:
-    return Layout(chips, fig["parameters"], batch / chips, fig["parameters"])
+    # XLA on TPU shards the weight update over the data replicas (each updates 1/chips of
+    # the weights between a reduce-scatter and an all-gather: Xu et al. 2020, arXiv
+    # 2004.13336, used in Google's MLPerf submissions); the GPU recipes update every weight
+    sharded = (target.machine or "").startswith(SHARDED_UPDATE)
+    # a chip of several TensorCores splits its examples between them: below one example a
+    # core, a core idles (or splits an image spatially), so the chip's step is that of one
+    # example a core
+    work = max(batch / chips, TENSOR_CORES.get(target.machine or "", 1))
+    return Layout(chips, fig["parameters"], work,
+                  fig["parameters"] / chips if sharded else fig["parameters"],
+                  "the weight update sharded over the replicas (XLA)" if sharded else "")
   gpu = (target.machine or measured.machine or "").startswith("dgx-")
   ref = lay["gpu" if gpu else "tpu"]
   micro = ref["micro_batch"]
@@ -836,13 +921,14 @@ def step_parts(measured, fig, fit, batch, target, speed) -> StepParts:
   simulator exposes after the backward pass, DLRM's all-to-alls. On the source's own system
   it is the source's step as source_fit took it apart."""
   lay = layout(measured, fig, target.chips, batch, target)
-  update = (LAUNCH_FLOOR_S + update_seconds(lay.update_params, measured.optimizer,
+  update = (fit["floor_s"] + update_seconds(lay.update_params, measured.optimizer,
                                             target.machine)) * fit["update_scale"]
   compute = update + fit["per_example_s"] * lay.work / speed
   total, exposed = exposed_all_reduce(lay.params, compute, data_target(target, lay))
   a2a = 0.0
   if fig.get("embedding"):
-    a2a = 2 * all_to_all_seconds(all_to_all_bytes(fig, batch / target.chips), target)
+    a2a = 2 * all_to_all_seconds(all_to_all_bytes(fig, batch / target.chips, target.machine),
+                                 target)
   return StepParts(update, compute, total, exposed, a2a)
 
 
@@ -852,17 +938,21 @@ def source_fit(measured, fig, base, source) -> dict:
   assumption one size makes: no other fixed part); the achieved fraction of the roofline is
   the benchmark's FLOPs at the source's examples over the peak, over that rest."""
   lay = layout(measured, fig, source.chips, measured.global_batch, source)
-  update = LAUNCH_FLOOR_S + update_seconds(lay.update_params, measured.optimizer,
-                                          source.machine)
+  optimizer = update_seconds(lay.update_params, measured.optimizer, source.machine)
   a2a = 0.0
   if fig.get("embedding"):
-    a2a = 2 * all_to_all_seconds(all_to_all_bytes(fig, measured.per_chip), source)
+    a2a = 2 * all_to_all_seconds(all_to_all_bytes(fig, measured.per_chip, source.machine), source)
   # the compute is what is left of the step once the exposed communication is out; the
   # exposed part depends on the compute, so take it at the step less the all-to-alls
   # (exposure only grows as compute shrinks: this errs towards a larger compute)
   exposed = exposed_all_reduce(lay.params, max(base - a2a, base * 0.05),
                                data_target(source, lay))[1]
   compute = max(base - a2a - exposed, base * 0.05)
+  # a measured compute shorter than the floor and the update leaves no time for the examples:
+  # this step runs without the floor (HugeCTR captures the whole iteration in one CUDA graph,
+  # its release notes say), so its fixed part is the update alone, here and on the target
+  floor = LAUNCH_FLOOR_S if LAUNCH_FLOOR_S + optimizer < compute else 0.0
+  update = floor + optimizer
   # an update the spec figures make longer than half the measured compute is not what ran
   # (the submitter shards or fuses it): it is capped there, and the cap kept on the target
   capped = update > compute / 2
@@ -874,7 +964,8 @@ def source_fit(measured, fig, base, source) -> dict:
   achieved = (flops * lay.work / (preset.peak_flops * (compute - update))
               if flops and preset and preset.peak_flops else None)
   return {"per_example_s": per_example, "compute_s": compute, "update_s": update,
-          "update_capped": capped, "update_scale": scale, "exposed_s": exposed, "all_to_all_s": a2a,
+          "update_capped": capped, "update_scale": scale, "floor_s": floor,
+          "exposed_s": exposed, "all_to_all_s": a2a,
           "achieved_fraction": achieved, "layout": lay.note}
 
 
@@ -955,6 +1046,7 @@ def predict(measured: Measured, target: Target, batch: int | None = None,
          "chips": target.chips, "batch": batch, "per_chip": b_t,
          "convergence": conv["source"], "samples_ratio": conv["ratio"],
          "rcp_spread": conv.get("spread", 0.0),
+         "rcp_ratio_spread": conv.get("ratio_spread", 0.0),
          "sample_unit": measured.sample_unit, "same_system": same,
          "measured_step_s": measured_step, "given_step_s": step_s,
          "scaling_factor": measured.scaling, "runs": len(runs), "failed_runs": failed,
@@ -980,7 +1072,11 @@ def predict(measured: Measured, target: Target, batch: int | None = None,
     # model reproduces its own source exactly, and the measured step's parts it does not hold
     # (the input pipeline, for one) scale as the modelled ones do
     step_ratio = tgt.step / src.step * (base / measured_step)
-    eval_fixed = min(EVAL_FIXED_S, eval_each / 2)
+    # an eval whose metric is a sum over the examples reduced on the chips (accuracy, a loss:
+    # a few numbers all-reduced) is forward passes over a fixed eval set split over the chips:
+    # no fixed part; one that needs every output at once (DLRM's AUC ranks every score; COCO
+    # and OpenImages mAP run on the hosts) keeps EVAL_FIXED_S
+    eval_fixed = 0.0 if fig.get("eval_on_device") else min(EVAL_FIXED_S, eval_each / 2)
     eval_s = (eval_fixed + (eval_each - eval_fixed) * measured.chips / target.chips) / speed
     eval_ratio = eval_s / eval_each * (base / measured_step) if eval_each else 1.0
     out.update(parameters=fig["parameters"], figures_source=fig.get("source"),
@@ -993,7 +1089,9 @@ def predict(measured: Measured, target: Target, batch: int | None = None,
                    layout(measured, fig, target.chips, batch, target).update_params,
                    measured.optimizer, target.machine) * fit["update_scale"],
                update_capped=fit["update_capped"], achieved_fraction=fit["achieved_fraction"],
-               layout=fit["layout"] or None, chip_speed=speed)
+               layout=fit["layout"] or None, chip_speed=speed,
+               gradient_bytes=wire_bytes(target.machine, GRADIENT_BYTES),
+               floor_s=fit["floor_s"] * fit["update_scale"])
   out["step_ratio"], out["eval_ratio"] = step_ratio, eval_ratio
   out["step_s"] = measured_step * step_ratio
   out["eval_s"] = eval_each * eval_ratio
@@ -1032,12 +1130,13 @@ def prediction_range(out, runs, drop) -> dict:
   varies as their samples to converge do: the source's own runs give their spread (carried
   over, their relative standard deviation), the target's runs the RCP's at the target's
   batch (when the batch moves; else the same as the source's), each over the runs a score
-  averages (the olympic mean drops `drop` of each end)."""
+  averages (the olympic mean drops `drop` of each end); and, when the batch moves, the RCP
+  ratio's own standard error (each RCP mean's, relative: convergence's ratio_spread)."""
   counted = max(runs - 2 * drop, 1)
   source = _spread(out["runs_minutes"]) / math.sqrt(counted)
   target = (out["rcp_spread"] if out["samples_ratio"] != 1.0 else
             _spread(out["runs_minutes"])) / math.sqrt(counted)
-  half = RANGE_SIGMAS * math.hypot(source, target)
+  half = RANGE_SIGMAS * math.hypot(source, target, out.get("rcp_ratio_spread", 0.0))
   return {"range_low": out["predicted_minutes"] * (1 - half),
           "range_high": out["predicted_minutes"] * (1 + half), "range_relative": half}
 

@@ -139,8 +139,10 @@ def print_breakdown(out):
     achieved = (f"; the source ran at {out['achieved_fraction']:.1%} of the bf16 peak"
                 if out.get("achieved_fraction") else "")
     print(f"step:      {given} -> compute {out['compute_s'] * 1e3:.4g} ms a step here "
-          f"({out['fixed_s'] * 1e3:.3g} ms fixed: the {predict.LAUNCH_FLOOR_S * 1e3:g} ms floor "
-          f"and the optimizer's update"
+          f"({out['fixed_s'] * 1e3:.3g} ms fixed: "
+          + (f"the {out['floor_s'] * 1e3:g} ms floor and " if out["floor_s"] else
+             "no floor (the source's step is shorter than it), ")
+          + "the optimizer's update"
           f"{', capped at half the source compute' if out['update_capped'] else ''}; the rest "
           f"per example; chip speed x{out['chip_speed']:.3g}{achieved})")
     if out.get("layout"):
@@ -150,7 +152,7 @@ def print_breakdown(out):
             "out and their gradients back, not overlapped)")
     print(f"figures:   {out['figures_source']}")
     print(f"all-reduce: {out['all_reduced_parameters']:,.0f} parameters a replica x "
-          f"{predict.GRADIENT_BYTES} B: "
+          f"{out['gradient_bytes']} B: "
           f"{out['all_reduce_s'] * 1e3:.4g} ms, {out['exposed_s'] * 1e3:.4g} ms exposed after "
           f"the backward pass -> each run's step x{out['step_ratio']:.4g} (median "
           f"{out['step_s'] * 1e3:.4g} ms)")
@@ -160,7 +162,8 @@ def print_breakdown(out):
         f"runs carried over), {out['scoring']}, run_start to run_stop")
   print(f"range:     {out['range_low']:.3f} .. {out['range_high']:.3f} minutes (+-"
         f"{out['range_relative']:.1%}: {predict.RANGE_SIGMAS:g} standard errors of the source "
-        "runs' spread and the RCP's at the target's batch; the model's own error not included)")
+        "runs' spread, the RCP's at the target's batch and the RCP ratio's; the model's own "
+        "error not included)")
 
 
 def print_backtest(rows):

@@ -53,20 +53,24 @@ def test_the_breakdown_is_its_formula(resnet_v3):
   # each run's step: (run time - evals) / steps trained; the measured step is their median
   per_step = [(r.minutes * 60 - r.eval_s) / math.ceil(r.samples / 4096) for r in runs]
   assert out["measured_step_s"] == pytest.approx(statistics.median(per_step), rel=1e-12)
-  # compute: the fixed part (the floor and LARS's update of every parameter over the TPU v3's
-  # HBM: 5 x 4 B a parameter at 900 GB/s), and the rest per example (256 -> 16 a chip)
+  # compute: the fixed part (the floor and LARS's update over the TPU v3's HBM: 5 x 4 B a
+  # parameter at 900 GB/s, sharded over the replicas by XLA: 16 on the source, 4,096 on the
+  # target), and the rest per example (256 -> 16 a chip)
   compute = out["measured_step_s"] - out["source_exposed_s"]
-  assert out["optimizer_update_s"] == pytest.approx(25_557_032 * 20 / 900e9, rel=1e-12)
-  fixed = predict.LAUNCH_FLOOR_S + 25_557_032 * 20 / 900e9
-  assert out["compute_s"] == pytest.approx(fixed + (compute - fixed) * 16 / 256, rel=1e-12)
+  update = 25_557_032 * 20 / 900e9
+  assert out["optimizer_update_s"] == pytest.approx(update / 4096, rel=1e-12)
+  fixed_s = predict.LAUNCH_FLOOR_S + update / 16
+  fixed_t = predict.LAUNCH_FLOOR_S + update / 4096
+  assert out["compute_s"] == pytest.approx(fixed_t + (compute - fixed_s) * 16 / 256, rel=1e-12)
   assert 0 <= out["exposed_s"] <= out["all_reduce_s"]
   # the step ratio: the model on the target over the model on the source (its own system)
   own = predict.source_target(src)
   source_model = compute + predict.exposed_all_reduce(out["parameters"], compute, own)[1]
   step_ratio = (out["compute_s"] + out["exposed_s"]) / source_model
   assert out["step_ratio"] == pytest.approx(step_ratio, rel=1e-12)
+  # the evals: top-1 is reduced on the chips, so an eval is all forward passes: x 16 / 4,096
   eval_each = statistics.mean(r.eval_s / r.evals for r in runs)
-  eval_t = predict.EVAL_FIXED_S + (eval_each - predict.EVAL_FIXED_S) * 16 / 4096
+  eval_t = eval_each * 16 / 4096
   minutes = [(math.ceil(s / 65536) * step * step_ratio
               + r.evals * ratio * (r.eval_s / r.evals) * eval_t / eval_each) / 60
              for r, s, step in zip(runs, samples, per_step)]
@@ -211,7 +215,9 @@ def test_from_this_harness_csv_with_a_measured_step(tmp_path, capsys):
                    "16384", "--step-s", str(given), "--json"]) == 0
   big = json.loads(capsys.readouterr().out)
   assert big["to"] == "tpu-v4 torus:16x8x8" and big["per_chip"] == 16
-  compute = fixed + (given - fixed) * 16 / b_s
+  # the update sharded over the 1,024 replicas on the target (XLA), whole on the one chip
+  fixed_t = predict.LAUNCH_FLOOR_S + out["parameters"] * 20 / 1200e9 / 1024
+  compute = fixed_t + (given - fixed) * 16 / b_s
   target = predict.make_target(1024, "tpu-v4")
   exposed = predict.exposed_all_reduce(big["parameters"], compute, target)[1]
   assert big["compute_s"] == pytest.approx(compute, rel=1e-12)
@@ -422,16 +428,19 @@ def test_retinanets_parameters_are_its_layer_shapes():
 
 def test_dlrm_dcnv2s_all_to_all_bytes_by_hand():
   """One chip's vector in an all-to-all: its examples (55,296 over 8 GPUs) x 26 pooled
-  vectors x 128 floats x 4 B; the step holds two (the vectors out, their gradients back)."""
+  vectors x 128 floats x 4 B (the reference's float32; 2 B on NVIDIA GPUs, whose recipes
+  exchange half precision); the step holds two (the vectors out, their gradients back)."""
   fig = predict.figures("dlrm_dcnv2", "3.1")
   assert predict.all_to_all_bytes(fig, 55296 / 8) == 6912 * 26 * 128 * 4 == 92_012_544
+  assert predict.all_to_all_bytes(fig, 55296 / 8, "dgx-h100") == 6912 * 26 * 128 * 2
+  assert predict.all_to_all_bytes(fig, 55296 / 8, "tpu-v4") == 6912 * 26 * 128 * 4
   target = predict.make_target(64, "dgx-h100")
-  fit = {"per_example_s": 1e-7, "update_scale": 1.0}
+  fit = {"per_example_s": 1e-7, "update_scale": 1.0, "floor_s": predict.LAUNCH_FLOOR_S}
   m = predict.Measured("dlrm_dcnv2", "3.1", "x", "x", "H100", 8, 55296, 0, [], None,
                        "dgx-h100", optimizer="adagrad")
   parts = predict.step_parts(m, fig, fit, 55296, target, 1.0)
   assert parts.all_to_all == pytest.approx(
-      2 * predict.all_to_all_seconds(864 * 26 * 128 * 4, target), rel=1e-12)
+      2 * predict.all_to_all_seconds(864 * 26 * 128 * 2, target), rel=1e-12)
   assert parts.step == pytest.approx(parts.compute + parts.exposed + parts.all_to_all)
 
 

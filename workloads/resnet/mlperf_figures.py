@@ -6,6 +6,8 @@ parameters: this harness's ResNet-50 v1.5 at 224x224, 1,000 classes, counted in 
   frameworks by tests/resnet/test_resnet_model.py and test_resnet_parity.py.
 train_flops_per_example: XLA's cost analysis of this harness's compiled JAX train step at the
   reference shapes on one H200 (docs/benchmarks.md, the GPU table: 23.75 GFLOP a sample).
+eval_on_device: top-1 accuracy is counted on the chips and summed over them (a few numbers
+  all-reduced), so an eval is forward passes over the 50,000 images split over the chips.
 """
 FIGURES = {
     "benchmark": "resnet",
@@ -13,6 +15,7 @@ FIGURES = {
     "model": "ResNet-50 v1.5 (this harness's resnet50 workload)",
     "parameters": 25_557_032,
     "train_flops_per_example": 23.75e9,
+    "eval_on_device": True,           # see the module docstring
     "source": "workloads/resnet/mlperf_figures.py: parameters counted by "
               "tests/resnet/test_resnet_model.py; FLOPs from XLA's cost analysis of the "
               "compiled step (docs/benchmarks.md)",
