@@ -25,8 +25,9 @@ A prediction carries each measured run to the target, every factor from a stated
             it runs on the hosts); an eval that brackets its training block is training time
   time      the olympic mean of the runs carried over (the runs the official summarizer does
             not count still count as failed), x the source's scaling.json: on the measured
-            system at its batch it is the measured score; a range of 2 standard errors of
-            the runs', the RCP's and the RCP ratio's spread
+            system at its batch it is the measured score; a range of the model's own error
+            (the development backtest's 80% conformal quantile) with 2 standard errors of the
+            runs', the RCP's and the RCP ratio's spread
 
 Everything here is plain Python (numpy, the simulator, mlperf_logging's files): no framework.
 """
@@ -75,6 +76,16 @@ DEFAULT_OPTIMIZER_BYTES = 28       # an optimizer not named above: Adam's two sl
 # The range a prediction states: this many standard errors of predicted - measured (about 95%
 # of measured scores inside it, were the step model exact and the runs' times normal).
 RANGE_SIGMAS = 2.0
+# ... and the model's own error, which the runs' spreads do not hold: split conformal
+# prediction (Vovk et al.; Lei et al. 2018, "Distribution-free predictive inference for
+# regression"): the ceil((n + 1) x level)-th smallest |log(predicted / measured)| of the n
+# pairs of the development backtest (../shared/mlperf_results + ../shared/mlperf_scaling),
+# so that a new pair drawn like them falls inside with probability >= level. Fitted on the
+# development data by construction (inside it, coverage is at least the level); the rounds
+# kept aside are what test it. Recomputed by `predict --backtest ... --calibrate`, and
+# tests/harness/test_predict.py fails when the model's errors move and this is not redone.
+MODEL_ERROR_LEVEL = 0.8
+MODEL_ERROR = 0.369
 
 # A step's floor besides the optimizer's update: kernel launches, the host loop, batch-norm
 # and loss reductions, which no figure here gives. Not from a spec: the value chosen among 1,
@@ -1125,8 +1136,10 @@ def predict(measured: Measured, target: Target, batch: int | None = None,
 
 
 def prediction_range(out, runs, drop) -> dict:
-  """The range a measured score should fall in if the model were exact: the prediction +-
-  RANGE_SIGMAS standard errors of (predicted - measured). Both are means of runs whose time
+  """The range a measured score should fall in: the prediction x/÷ exp(h), h combining the
+  model's own error (MODEL_ERROR, as a log ratio; none on the source's own system, which is
+  its measured score) with RANGE_SIGMAS standard errors of (predicted - measured) were the
+  model exact (as log1p of that relative half-width). Both are means of runs whose time
   varies as their samples to converge do: the source's own runs give their spread (carried
   over, their relative standard deviation), the target's runs the RCP's at the target's
   batch (when the batch moves; else the same as the source's), each over the runs a score
@@ -1136,9 +1149,22 @@ def prediction_range(out, runs, drop) -> dict:
   source = _spread(out["runs_minutes"]) / math.sqrt(counted)
   target = (out["rcp_spread"] if out["samples_ratio"] != 1.0 else
             _spread(out["runs_minutes"])) / math.sqrt(counted)
-  half = RANGE_SIGMAS * math.hypot(source, target, out.get("rcp_ratio_spread", 0.0))
-  return {"range_low": out["predicted_minutes"] * (1 - half),
-          "range_high": out["predicted_minutes"] * (1 + half), "range_relative": half}
+  runs_half = RANGE_SIGMAS * math.hypot(source, target, out.get("rcp_ratio_spread", 0.0))
+  model = 0.0 if out.get("same_system") else MODEL_ERROR
+  half = math.hypot(math.log1p(runs_half), model)
+  return {"range_low": out["predicted_minutes"] * math.exp(-half),
+          "range_high": out["predicted_minutes"] * math.exp(half),
+          "range_relative": math.expm1(half), "range_runs": runs_half, "range_model": model}
+
+
+def conformal_model_error(rows, level=MODEL_ERROR_LEVEL) -> float:
+  """MODEL_ERROR from backtest rows: the ceil((n + 1) x level)-th smallest |log(predicted /
+  measured)| of the n scored pairs (their largest where that rank is beyond n)."""
+  errors = sorted(abs(math.log1p(r["error"])) for r in rows if r["error"] is not None)
+  if not errors:
+    raise UsageError("--calibrate: no scored pair in the backtest; allowed: folders holding "
+                     "MLPerf scaling families with measured scores")
+  return errors[min(math.ceil((len(errors) + 1) * level), len(errors)) - 1]
 
 
 def _chip_speed(measured, target) -> float:

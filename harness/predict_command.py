@@ -39,6 +39,10 @@ def add_parser(sub):
   p.add_argument("--backtest", nargs="+", metavar="FOLDER",
                  help="every scaling family in these MLPerf result folders, each larger "
                       "system predicted from the family's smallest")
+  p.add_argument("--calibrate", action="store_true",
+                 help="with --backtest: print the model-error term of the stated range (the "
+                      "split-conformal quantile of the backtest's |log error|) to set as "
+                      "MODEL_ERROR in harness/predict.py")
   p.add_argument("--json", action="store_true", help="print JSON")
   g = p.add_argument_group("link figures (a machine without a preset, as simulate takes them)")
   g.add_argument("--link-bandwidth", type=float, metavar="GB/S", help="per direction")
@@ -94,8 +98,17 @@ def _target(args, measured):
 
 def run(args) -> int:
   from harness import predict    # pandas and the summarizer: not needed to build the parser
+  if args.calibrate and not args.backtest:
+    raise UsageError("--calibrate needs --backtest FOLDER...: the model's error is measured "
+                     "on a backtest")
   if args.backtest:
     rows = predict.backtest(args.backtest)
+    if args.calibrate:
+      error = predict.conformal_model_error(rows)
+      print(f"MODEL_ERROR = {math.ceil(error * 1000) / 1000} (|log(predicted / measured)|, "
+            f"level {predict.MODEL_ERROR_LEVEL:g} of {predict.backtest_summary(rows)['predicted']}"
+            f" scored pairs; now {predict.MODEL_ERROR})")
+      return 0
     if args.json:
       print(json.dumps([{k: r.get(k) for k in predict.BACKTEST_KEYS} for r in rows],
                        indent=1))
@@ -160,10 +173,10 @@ def print_breakdown(out):
   print(f"predicted: {out['minutes_mean']:.3f} minutes ({out['minutes_low']:.3f} .. "
         f"{out['minutes_high']:.3f}: the fastest and slowest of the {out['runs']} measured "
         f"runs carried over), {out['scoring']}, run_start to run_stop")
-  print(f"range:     {out['range_low']:.3f} .. {out['range_high']:.3f} minutes (+-"
-        f"{out['range_relative']:.1%}: {predict.RANGE_SIGMAS:g} standard errors of the source "
-        "runs' spread, the RCP's at the target's batch and the RCP ratio's; the model's own "
-        "error not included)")
+  print(f"range:     {out['range_low']:.3f} .. {out['range_high']:.3f} minutes (x/÷ "
+        f"{1 + out['range_relative']:.3f}: the model's own error, {out['range_model']:.3g} as a "
+        f"log ratio, with +-{out['range_runs']:.1%}: {predict.RANGE_SIGMAS:g} standard errors "
+        "of the source runs' spread, the RCP's at the target's batch and the RCP ratio's)")
 
 
 def print_backtest(rows):

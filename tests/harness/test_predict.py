@@ -13,6 +13,7 @@ import pytest
 from mlperf_logging.rcp_checker import rcp_checker
 
 from harness import cli, predict
+from harness.errors import UsageError
 
 SHARED = os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "mlperf_results")
 SCALING = os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "mlperf_scaling")
@@ -234,6 +235,10 @@ def test_the_backtest_over_every_round_folder(capsys):
   assert captured.err == ""
   rows = json.loads(captured.out)
   assert sum(r["predicted_minutes"] is not None for r in rows) >= 40
+  # the range's model-error term is this backtest's conformal quantile: redone when errors move
+  error = predict.conformal_model_error(rows)
+  assert predict.MODEL_ERROR == math.ceil(error * 1000) / 1000, (
+      "the model's errors moved: set MODEL_ERROR as `predict --backtest ... --calibrate` says")
   refused = [r for r in rows if r["reason"]]
   assert refused                       # DLRM, GPT-3, Mask R-CNN, ...: each with its reason
   for row in refused:
@@ -463,13 +468,30 @@ def test_retinanet_and_gpt3_logs_read_as_their_benchmarks_count():
   assert lay.work == pytest.approx(3072 / 768 * (1 + 3 / 128))    # pipeline 4, 128 micro
 
 
-def test_the_range_is_two_standard_errors():
+def test_the_range_is_two_standard_errors_with_the_model_s_error():
   """Runs 10, 11, 12 minutes carried over, batch moved (RCP spread 8%), one dropped at each
-  end: half-width 2 x hypot(spread of the runs, 8%) / sqrt(1)."""
+  end: the runs' half-width 2 x hypot(spread of the runs, 8%) / sqrt(1), combined in log space
+  with MODEL_ERROR on another system; on the source's own system the model adds nothing."""
   out = {"runs_minutes": [10.0, 11.0, 12.0], "rcp_spread": 0.08, "samples_ratio": 1.2,
          "predicted_minutes": 11.0}
   got = predict.prediction_range(out, 3, 1)
-  half = 2 * math.hypot(float(np.std([10, 11, 12]) / 11), 0.08)
-  assert got["range_relative"] == pytest.approx(half, rel=1e-12)
-  assert (got["range_low"], got["range_high"]) == pytest.approx((11 * (1 - half),
-                                                                  11 * (1 + half)))
+  runs = 2 * math.hypot(float(np.std([10, 11, 12]) / 11), 0.08)
+  assert got["range_runs"] == pytest.approx(runs, rel=1e-12)
+  half = math.sqrt(math.log(1 + runs) ** 2 + predict.MODEL_ERROR ** 2)
+  assert got["range_relative"] == pytest.approx(math.exp(half) - 1, rel=1e-12)
+  assert (got["range_low"], got["range_high"]) == pytest.approx((11 / math.exp(half),
+                                                                  11 * math.exp(half)))
+  own = predict.prediction_range(dict(out, same_system=True), 3, 1)
+  assert own["range_model"] == 0.0 and own["range_relative"] == pytest.approx(runs, rel=1e-12)
+
+
+def test_the_model_error_is_the_split_conformal_quantile():
+  """The ceil((n + 1) x level)-th smallest |log(predicted / measured)|: with 9 pairs at 0.8 the
+  8th; with 4 the rank (4) is n, the largest; unscored rows do not count."""
+  errors = [0.1, -0.2, 0.05, 0.3, -0.5, 0.0, 1.0, -0.1, 0.2]
+  rows = [{"error": e} for e in errors] + [{"error": None}]
+  logs = sorted(abs(math.log1p(e)) for e in errors)
+  assert predict.conformal_model_error(rows, 0.8) == logs[7] == math.log(2)
+  assert predict.conformal_model_error(rows[:4], 0.8) == math.log1p(0.3)
+  with pytest.raises(UsageError, match="no scored pair"):
+    predict.conformal_model_error([{"error": None}])

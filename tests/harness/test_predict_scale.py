@@ -88,8 +88,8 @@ def test_the_range_holds_the_rcp_ratios_own_error():
          "predicted_minutes": 11.0, "rcp_ratio_spread": 0.03}
   runs = math.sqrt(((10 - 11) ** 2 + (12 - 11) ** 2) / 3) / 11
   got = predict.prediction_range(out, 3, 1)
-  assert got["range_relative"] == pytest.approx(2 * math.sqrt(runs ** 2 + 0.08 ** 2 + 0.03 ** 2),
-                                                rel=1e-12)
+  assert got["range_runs"] == pytest.approx(2 * math.sqrt(runs ** 2 + 0.08 ** 2 + 0.03 ** 2),
+                                            rel=1e-12)
 
 
 def test_the_rcp_ratios_error_is_each_means_standard_error():
