@@ -8,7 +8,8 @@
   top MLP (ReLU on every layer but the last) -> one logit
 
 Initialisers as the reference's: nn.Linear's uniform(+-1/sqrt(fan_in)) for the MLPs' weights
-and biases, Xavier normal for V and W (bias 0), each table uniform(+-sqrt(1/rows)).
+and biases, Xavier normal for V and W (flax's, truncated at 2 sd where torch's is not; bias 0),
+each table uniform(+-sqrt(1/rows)).
 Parameters and the slab are float32; `dtype` is the compute dtype (bf16 under mixed precision).
 """
 import flax.linen as nn
@@ -90,9 +91,13 @@ class Embedding(nn.Module):
                                       jnp)
     # a gather from rows split over `model`: GSPMD looks up each peer's rows and sums over
     # the peers (the vocabulary-parallel lookup)
-    found = jnp.take(self.slab, rows, axis=0).astype(self.dtype)     # [B, columns, D]
-    bag = jax.nn.one_hot(consts["feature"], len(self.multi_hot_sizes), dtype=self.dtype)
-    return constrain(jnp.einsum("bcd,cf->bfd", found, bag), ("batch", "length", "embed"))
+    found = jnp.take(self.slab, rows, axis=0)                       # [B, columns, D]
+    # the bags are summed in the tables' dtype (float32), as the reference's fused kernel
+    # pools, and only the pooled vector is cast to the compute dtype (bf16 under mixed
+    # precision): a bag of 100 ids summed in bf16 would lose its low bits at every add
+    bag = jax.nn.one_hot(consts["feature"], len(self.multi_hot_sizes), dtype=found.dtype)
+    pooled = jnp.einsum("bcd,cf->bfd", found, bag).astype(self.dtype)
+    return constrain(pooled, ("batch", "length", "embed"))
 
 
 class Dlrm(nn.Module):

@@ -75,8 +75,10 @@ class Dlrm(tf_layers.BuiltInInit, keras.Model):
       found = mp.vocab_parallel_lookup(self.runtime, self.slab, rows)
     else:
       found = tf.gather(self.slab, rows)
-    found = ops.cast(found, self.compute_dtype)
-    return ops.einsum("bcd,cf->bfd", found, ops.cast(self.bag, found.dtype))
+    # bags summed in the tables' dtype (float32), the pooled vector cast to the compute dtype
+    # (as jax_model.Embedding)
+    pooled = ops.einsum("bcd,cf->bfd", found, ops.cast(self.bag, found.dtype))
+    return ops.cast(pooled, self.compute_dtype)
 
   def call(self, dense_x, ids):
     x = ops.cast(dense_x, self.compute_dtype)
