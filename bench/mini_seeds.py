@@ -80,7 +80,10 @@ def summary(csv_path):
   rows = pd.read_csv(csv_path)
   out = []
   for (workload, framework, mesh), g in rows.groupby(["workload", "framework", "mesh"], sort=True):
-    budget = registry.get(workload).configure("mini").train.max_epochs
+    train = registry.get(workload).configure("mini").train
+    # the budget the run is stopped by: samples where the preset counts them (MLPerf BERT)
+    need, budget = (("samples_to_converge", train.max_samples) if train.max_samples else
+                    ("epochs_to_converge", train.max_epochs))
     ok = g[g["status"] == "success"]
     curves = [eval_curve(p) for p in g["log_path"]]
     best = [max(v for _, v in c) if c else float("nan") for c in curves]
@@ -90,11 +93,11 @@ def summary(csv_path):
         "seeds": f"{int(g['seed'].min())}-{int(g['seed'].max())}",
         "reached": f"{len(ok)}/{len(g)}",
         "target": target,
-        "epochs min/med/max": (f"{ok['epochs_to_converge'].min():g}/"
-                               f"{ok['epochs_to_converge'].median():g}/"
-                               f"{ok['epochs_to_converge'].max():g}") if len(ok) else "-",
-        "budget": budget,
-        "room": round(budget / ok["epochs_to_converge"].max(), 2) if len(ok) else float("nan"),
+        "needed": need.split("_")[0],
+        "min/med/max": (f"{ok[need].min():g}/{ok[need].median():g}/{ok[need].max():g}"
+                        if len(ok) else "-"),
+        "budget": f"{budget:g}",
+        "room": round(budget / ok[need].max(), 2) if len(ok) else float("nan"),
         "end metric min": round(min(best), 4),
         "evals min": min(len(c) for c in curves),
     })
