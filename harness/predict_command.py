@@ -161,15 +161,20 @@ def print_breakdown(out):
     if out.get("layout"):
       print(f"layout:    {out['layout']}")
     if out.get("all_to_all_s"):
+      share = out.get("all_to_all_share")
       print(f"all-to-all: {out['all_to_all_s'] * 1e3:.4g} ms a step (DLRM's pooled vectors "
-            "out and their gradients back, not overlapped)")
+            "out and their gradients back, not overlapped"
+            + (f"; {share:.4g} of them travel: the hybrid embedding's infrequent rows)"
+               if share is not None and share < 1 else ")"))
     print(f"figures:   {out['figures_source']}")
     print(f"all-reduce: {out['all_reduced_parameters']:,.0f} parameters a replica x "
           f"{out['gradient_bytes']} B: "
           f"{out['all_reduce_s'] * 1e3:.4g} ms, {out['exposed_s'] * 1e3:.4g} ms exposed after "
           f"the backward pass -> each run's step x{out['step_ratio']:.4g} (median "
           f"{out['step_s'] * 1e3:.4g} ms)")
-  print(f"evals:     {out['evals_mean']:.3g} x {out['eval_s']:.3g} s")
+  print(f"evals:     {out['evals_mean']:.3g} x {out['eval_s']:.3g} s"
+        + (f", and {out['tail_s']:.3g} s at the end waiting on the last one's host part "
+           "(asynchronous evals)" if out.get("tail_s") else ""))
   print(f"predicted: {out['minutes_mean']:.3f} minutes ({out['minutes_low']:.3f} .. "
         f"{out['minutes_high']:.3f}: the fastest and slowest of the {out['runs']} measured "
         f"runs carried over), {out['scoring']}, run_start to run_stop")

@@ -20,7 +20,7 @@ def test_json_output_equals_the_library(capsys):
                        "100MB", "--failed", "3,5", "6,2", "--json", "--check")
   assert code == 0
   doc = json.loads(out)
-  machine = Machine("torus:8x8", link_bandwidth=50e9, link_latency=1e-6, overhead=5e-6,
+  machine = Machine("torus:8x8", link_bandwidth=50e9, link_latency=1e-6, overhead=0.0,
                     failed_chips=[(3, 5), (6, 2)])
   want = timing.simulate(machine, algorithms.build(machine, "all-reduce", "2d"), 100e6)
   (row,) = doc["results"]

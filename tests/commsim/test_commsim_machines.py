@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from harness.commsim import algorithms, functional, timing
-from harness.commsim.machine import Efficiency, Machine, Protocol
+from harness.commsim.machine import PRESETS, Efficiency, Machine, Protocol
 
 B, ALPHA, N = 40e9, 2e-6, 64e6
 
@@ -141,7 +141,6 @@ def test_nvls_closed_form_and_data():
 def test_efficiency_lowers_the_ideal_figure_to_the_link_s_share():
   """dgx-a100's 1 GB all-reduce: the ideal model gives the link's 300 GB/s bus bandwidth;
   with the fitted terms it is the link efficiency's share, about what NCCL reaches."""
-  from harness.commsim.machine import PRESETS
   preset = PRESETS["dgx-a100"]
   kwargs = dict(link_bandwidth=preset.link_bandwidth, network_bandwidth=25e9)
   ideal = Machine("multinode:1x8", **kwargs)
@@ -151,3 +150,21 @@ def test_efficiency_lowers_the_ideal_figure_to_the_link_s_share():
   assert best(ideal) == pytest.approx(300e9, rel=1e-9)
   assert 0.7 * 300e9 < best(real) < preset.efficiency.link * 300e9 * (1 + 1e-9)
   assert math.isclose(np.float64(best(real)) / 1e9, best(real) / 1e9)
+
+
+def test_the_tpu_v3_preset_pays_a_hop_a_step_and_no_message_overhead():
+  """TPU v3 on 4,096 chips (a 64x64 torus, v0.7's tpu-v3-8192): the 2-D all-reduce of a 30 MiB
+  bucket takes 2(64 + 64 - 2) = 252 steps of 1 us (ASTRA-sim's TPU v3 link latency, no
+  per-message term) plus [2 x 63/64 + 2 x 63/4096] n / 50 GB/s, as written out by hand: 1.51 ms
+  (with the 5 us a message it once assumed, 252 x 6 us alone were 1.51 ms)."""
+  preset = PRESETS["tpu-v3"]
+  assert (preset.link_latency, preset.overhead, preset.link_bandwidth) == (1e-6, 0.0, 50e9)
+  machine = Machine("torus:64x64", link_bandwidth=preset.link_bandwidth,
+                    link_latency=preset.link_latency, overhead=preset.overhead,
+                    injection_bandwidth=preset.injection_bandwidth)
+  n = 30 * 2 ** 20
+  t = timing.simulate(machine, algorithms.build(machine, "all-reduce", "2d"), n)
+  assert t.steps == 252
+  want = 252 * 1e-6 + (2 * 63 / 64 + 2 * 63 / 4096) * n / 50e9
+  assert t.time_s == pytest.approx(want, rel=1e-9)
+  assert t.time_s == pytest.approx(1.51e-3, abs=0.005e-3)

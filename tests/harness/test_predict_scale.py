@@ -113,3 +113,66 @@ def test_a_chip_of_two_tensorcores_works_at_least_one_example_a_core():
   for machine, batch, work in (("tpu-v4", 256, 2), ("dgx-h100", 256, 1), ("tpu-v4", 4096, 16)):
     target = predict.make_target(256, machine, per_node=8)
     assert predict.layout(m, fig, 256, batch, target).work == work
+
+
+def test_dlrm_v21_across_nodes_sends_only_the_infrequent_vectors():
+  """NVIDIA's v2.1 HugeCTR configuration for 4 x 8 H100s at batch 71,680 sizes its all-to-all
+  for a mean 29,120 infrequent lookups of 71,680 x 26: 1/64 of the pooled vectors travel.
+  On that system a GPU's all-to-all vector is 2,240 examples x 26 x 128 x 2 B / 64 = 232,960 B
+  and the step holds two; on one node, in v1.0, or on a TPU, every vector travels."""
+  fig = predict.figures("dlrm", "2.1")
+  assert fig["hybrid_embedding"]["infrequent_share"] == 29120 / (71680 * 26) == 1 / 64
+  m = predict.Measured("dlrm", "2.1", "x", "x", "H100", 8, 55296, 0, [], None, "dgx-h100",
+                       optimizer="sgd")
+  four = predict.make_target(32, "dgx-h100", per_node=8)
+  assert four.topology == "multinode:4x8"
+  share = predict.infrequent_share(fig, "2.1", four)
+  assert share == 1 / 64
+  assert predict.all_to_all_bytes(fig, 2240, "dgx-h100", share) == 232_960
+  fit = {"per_example_s": 1e-8, "update_scale": 1.0, "floor_s": 0.0}
+  parts = predict.step_parts(m, fig, fit, 71680, four, 1.0)
+  assert parts.all_to_all == pytest.approx(
+      2 * predict.all_to_all_seconds(232_960, four), rel=1e-12)
+  one = predict.make_target(8, "dgx-h100", per_node=8)
+  assert predict.infrequent_share(fig, "2.1", one) == 1.0
+  assert predict.infrequent_share(fig, "1.0", predict.make_target(64, "dgx-a100")) == 1.0
+  assert predict.infrequent_share(fig, "0.7", predict.make_target(64, "tpu-v4")) == 1.0
+
+
+def test_an_asynchronous_eval_holds_training_up_only_until_the_next_epoch():
+  """Evals at 100-130 and 200-260 ms, epochs starting at 0, 101 and 205: both are asynchronous
+  (their epoch starts before their eval_stop); 29 + 55 ms ran alongside training, and the last
+  one's host part, 55 ms, is the tail the run waited on. An eval that stops before the next
+  epoch starts is all eval time."""
+  got = predict._host_parts([(100, 130), (200, 260)], [0, 101, 205], 262)  # pylint: disable=protected-access
+  assert got == pytest.approx((0.084, 0.055), rel=1e-12)
+  assert predict._host_parts([(100, 130)], [0, 131], 140) == (0.0, 0.0)  # pylint: disable=protected-access
+
+
+V21_RETINANET = os.path.join(SHARED, "mlperf_scaling", "training_v2.1", "NVIDIA", "results",
+                             "dgxa100_n256_ngc22.09_pytorch", "ssd")
+
+
+@pytest.mark.skipif(not os.path.isdir(V21_RETINANET), reason="../shared/mlperf_scaling")
+def test_retinanet_on_2048_gpus_waits_on_its_last_evals_host_part():
+  """NVIDIA's RetinaNet on 2,048 A100s logs each eval_stop seconds after the next epoch_start
+  (OpenImages mAP on a host, asynchronously): read from the log's lines by hand, the tail is
+  the last eval_stop less the epoch_start after the last eval_start, and the eval time only
+  each eval_start to the next epoch_start."""
+  import json
+  run = next(r for r in predict.read_mlperf(V21_RETINANET).runs
+             if r.path.endswith("result_0.txt"))
+  events = []
+  with open(os.path.join(V21_RETINANET, "result_0.txt")) as f:
+    for line in f:
+      if ":::MLLOG" in line:
+        rec = json.loads(line.split(":::MLLOG", 1)[1])
+        events.append((rec["key"], rec["time_ms"] / 1000))
+  starts = [t for k, t in events if k == "eval_start"]
+  stops = [t for k, t in events if k == "eval_stop"]
+  epochs = [t for k, t in events if k == "epoch_start"]
+  resumed = [min(e for e in epochs if e > s) for s in starts]
+  assert all(r < e for r, e in zip(resumed, stops))            # every one asynchronous
+  assert run.tail_s == pytest.approx(stops[-1] - resumed[-1], abs=1e-6)
+  assert 4 < run.tail_s < 7
+  assert run.eval_s == pytest.approx(sum(r - s for r, s in zip(resumed, starts)), abs=1e-6)
