@@ -306,8 +306,11 @@ def read_log(path, ruleset) -> tuple[Run, dict]:
         block_evals.append(stamp - open_eval)
       open_eval = None
       evals += 1
-    if key == "eval_accuracy" and _metadata(line).get("epoch_num") is not None:
-      last_epoch = _number(_metadata(line)["epoch_num"], "eval_accuracy's epoch_num", path)
+    # where it was: epoch_num, or (the 5.1 rules' LLM benchmarks) samples_count
+    at = next((k for k in ("epoch_num", "samples_count")
+               if _metadata(line).get(k) is not None), None) if key == "eval_accuracy" else None
+    if at:
+      last_epoch = _number(_metadata(line)[at], f"eval_accuracy's {at}", path)
     if key == "block_start":
       meta = _metadata(line)
       first = _number(meta.get("first_epoch_num") or 0, "block_start's first_epoch_num", path)

@@ -11,6 +11,7 @@ _SPEC_MODULES = {
     "transformer": "workloads.transformer.spec",
     "ssd": "workloads.ssd.spec",
     "dlrm": "workloads.dlrm.spec",
+    "llama31_8b": "workloads.llama31_8b.spec",
 }
 
 

@@ -151,6 +151,7 @@ def tf_gradients(trainer, plan):
 
   def replica(batch):
     _, grads = trainer.loss_and_grads(batch)
+    grads = [tf.convert_to_tensor(g) for g in grads]        # the slab's: tf.IndexedSlices
     if not rt.distributed:
       return grads
     return [g / rt.model for g in rt.all_sum(grads[:n])] + [rt.data_sum(g) for g in grads[n:]]

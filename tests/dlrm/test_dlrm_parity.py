@@ -63,6 +63,7 @@ def test_logits_loss_and_gradients_agree(setup):
   assert rel_err(tf_logits, logits) < TOL
   loss, grads = jax.value_and_grad(lambda p: jax_trainer.loss_fn(model.apply, p, batch))(params)
   tf_loss, tf_grads = trainer.loss_and_grads({k: tf.constant(v) for k, v in batch.items()})
+  tf_grads = [tf.convert_to_tensor(g) for g in tf_grads]   # the slab's: tf.IndexedSlices
   assert rel_err(tf_loss, loss) < TOL       # summed over the replica / global batch: one replica
   by_var = {id(v): p for p, v in tf_layers.params_by_path(trainer.model).items()}
   flat = {"/".join(p): g for p, g in

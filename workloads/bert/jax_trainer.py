@@ -12,7 +12,6 @@ tree, after the reference's clip by the global norm, which reads every stage's g
 runs first on the whole stored gradient (the stages' rows and the shared word embedding).
 """
 import functools
-import math
 
 import jax
 import jax.numpy as jnp
@@ -149,22 +148,8 @@ class BertTrainer(MeshTrainer):
 
   def layer_profile(self, rows):
     """[(forward FLOPs, output bytes)] per pipeline layer (encoder layer) on `rows` sequences
-    (simulate): the output a stage cut after it sends is the layer's activations (the batch's
-    features ride along to every stage, but are not sent)."""
-    params = jax.eval_shape(self.create_state, jax.random.key(0)).params
-    batch = {k: jax.ShapeDtypeStruct(s.shape, s.dtype) for k, s in self.batch_shapes(rows).items()}
-    hidden = jax.ShapeDtypeStruct((rows, self.cfg.data.max_seq_length,
-                                   self.cfg.model.hidden_size), self.dtype)
-
-    def layer(p, carry, i):
-      x, _ = self.model.apply({"params": p}, carry["x"], carry["batch"], i, i + 1, False,
-                              method=jax_model.BertPretraining.pipeline_layers)
-      return {"x": x, "batch": carry["batch"]}
-
-    profile = jax_pipeline.layer_profile(layer, params, {"x": hidden, "batch": batch},
-                                         self.cfg.model.num_layers)
-    batch_bytes = sum(math.prod(s.shape) * s.dtype.itemsize for s in batch.values())
-    return [(flops, nbytes - batch_bytes) for flops, nbytes in profile]
+    (simulate)."""
+    return jax_pipeline.hidden_state_profile(self, jax_model.BertPretraining.pipeline_layers, rows)
 
   def train_step_fn(self, remat=None):
     """The train step; `remat` overrides parallel.remat (describe compiles both)."""

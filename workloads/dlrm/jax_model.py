@@ -66,6 +66,12 @@ class LowRankCross(nn.Module):
     return x0 * w(v(x)) + x
 
 
+def slab_rows(plan, multi_hot_sizes, ids):
+  """The slab rows [B, columns] of the batch's ids (embedding_plan.lookup_rows)."""
+  consts = plan.column_constants(tuple(multi_hot_sizes))
+  return embedding_plan.lookup_rows(ids, {k: jnp.asarray(v) for k, v in consts.items()}, jnp)
+
+
 class Embedding(nn.Module):
   """The tables in one slab (embedding_plan.py); sums each feature's bag."""
   plan: embedding_plan.Plan
@@ -85,13 +91,14 @@ class Embedding(nn.Module):
       return jax.random.uniform(key, shape, dtype, -1.0, 1.0) * bound[:, None]
     self.slab = self.param("slab", init, (self.plan.slab_rows, self.dim))
 
-  def __call__(self, ids):
+  def __call__(self, ids, found=None):
+    """`found`: the slab rows of `ids` already looked up ([B, columns, D]; the sparse train
+    step differentiates with respect to them, not the slab), else looked up here."""
     consts = self.plan.column_constants(self.multi_hot_sizes)
-    rows = embedding_plan.lookup_rows(ids, {k: jnp.asarray(v) for k, v in consts.items()},
-                                      jnp)
-    # a gather from rows split over `model`: GSPMD looks up each peer's rows and sums over
-    # the peers (the vocabulary-parallel lookup)
-    found = jnp.take(self.slab, rows, axis=0)                       # [B, columns, D]
+    if found is None:
+      # a gather from rows split over `model`: GSPMD looks up each peer's rows and sums over
+      # the peers (the vocabulary-parallel lookup)
+      found = jnp.take(self.slab, slab_rows(self.plan, self.multi_hot_sizes, ids), axis=0)
     # the bags are summed in the tables' dtype (float32), as the reference's fused kernel
     # pools, and only the pooled vector is cast to the compute dtype (bf16 under mixed
     # precision): a bag of 100 ids summed in bf16 would lose its low bits at every add
@@ -107,11 +114,12 @@ class Dlrm(nn.Module):
   remat_policy: str = ""      # parallel.remat_policy, per cross layer (jax_layers)
 
   @nn.compact
-  def __call__(self, dense_x, sparse_ids):
+  def __call__(self, dense_x, sparse_ids, found=None):
+    """`found`: the ids' slab rows, looked up by the caller (Embedding)."""
     m = self.cfg
     bottom = Mlp(tuple(m.bottom_mlp), m.dense_features, True, self.dtype, name="bottom_mlp")
     pooled = Embedding(self.plan, tuple(m.multi_hot_sizes), m.embedding_dim, self.dtype,
-                       name="embedding")(sparse_ids)
+                       name="embedding")(sparse_ids, found)
     x0 = jnp.concatenate([bottom(dense_x.astype(self.dtype))[:, None, :], pooled], axis=1)
     x0 = x0.reshape(x0.shape[0], -1)
     x = x0

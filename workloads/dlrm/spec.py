@@ -171,6 +171,15 @@ def batch_layout(cfg, batch_size: int, with_mask: bool = False) -> dict:
   return layout
 
 
+def unique_rows_bound(cfg, batch_size: int) -> int:
+  """The most distinct slab rows `batch_size` examples can look up: per feature, its lookups
+  or its table's rows, whichever is fewer (a feature's ids land in its own table's rows): the
+  static size of a sparse update's unique rows."""
+  m = cfg.model
+  return int(sum(min(batch_size * hot, rows) for hot, rows in
+                 zip(m.multi_hot_sizes, m.num_embeddings_per_feature)))
+
+
 # The embedding slab's rows split over `model` (embedding_plan.py); every dense weight whole
 # (None: no logical dimension a mesh axis splits).
 PARAM_AXES = (

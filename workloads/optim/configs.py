@@ -232,3 +232,44 @@ class AdagradConfig:
       if getattr(self, field):
         raise UsageError(f"{key_of(self, field)}={getattr(self, field)!r} is not implemented "
                          "(the MLPerf rules fix it to 0); allowed: 0")
+
+
+@dataclasses.dataclass
+class AdamWConfig:
+  """AdamW and its schedule as the MLPerf Llama 3.1 reference runs them (NeMo's
+  distributed_fused_adam_with_cosine_annealing: Megatron's fused Adam in AdamW mode, NeMo's
+  CosineAnnealing scheduler), with the values closed_llama31_8b.yaml (ruleset 5.1.0) fixes:
+  betas 0.9/0.95, epsilon 1e-5, weight decay 0.1, gradient clip 1.0, max_steps 1,200,000 (the
+  cosine's length: over a benchmark's ~10k steps the rate barely decays). Warmup is given in
+  samples, as the RCPs state it (opt_learning_rate_warmup_samples), and becomes whole steps of
+  the run's batch."""
+  name: str = "adamw"
+  base_learning_rate: float = 4e-4           # opt_base_learning_rate (RCP at batch 16)
+  end_learning_rate_ratio: float = 0.1       # min_lr = 0.1 x max_lr (pretrain_llama31.py)
+  warmup_samples: int = 256                  # opt_learning_rate_warmup_samples (RCP at 16)
+  max_steps: int = 1_200_000                 # closed rules: max_steps == 1,200,000
+  beta_1: float = 0.9                        # opt_adamw_beta_1
+  beta_2: float = 0.95                       # opt_adamw_beta_2
+  epsilon: float = 1e-5                      # opt_adamw_epsilon
+  weight_decay: float = 0.1                  # opt_adamw_weight_decay (matrices, not norms)
+  clip_norm: float = 1.0                     # opt_gradient_clip_norm
+
+  def warmup_steps(self, global_batch_size: int) -> int:
+    return -(-self.warmup_samples // global_batch_size)
+
+  def validate(self):
+    one_of(self, "name", ("adamw",))
+    positive(self, "epsilon", "max_steps")
+    in_range(self, "base_learning_rate", 0.0, None)   # 0: the RCP's at the batch (derive)
+    in_range(self, "end_learning_rate_ratio", 0.0, 1.0)
+    in_range(self, "warmup_samples", 0, None)
+    in_range(self, "beta_1", 0.0, 1.0)
+    in_range(self, "beta_2", 0.0, 1.0)
+    in_range(self, "weight_decay", 0.0, None)
+    in_range(self, "clip_norm", 0.0, None)
+
+  def summary(self) -> str:
+    return (f"adamw (lr {self.base_learning_rate}, linear warmup {self.warmup_samples} samples, "
+            f"cosine to {self.end_learning_rate_ratio} x lr at step {self.max_steps}, betas "
+            f"{self.beta_1}/{self.beta_2}, eps {self.epsilon}, weight decay {self.weight_decay}, "
+            f"clip norm {self.clip_norm})")

@@ -304,3 +304,27 @@ def torch_adagrad(learning_rate: Callable, epsilon: float = 1e-8,
 def make_adagrad(opt_cfg, schedule) -> optax.GradientTransformation:
   return torch_adagrad(lambda step: schedule(step, ops=jnp), opt_cfg.epsilon,
                        opt_cfg.initial_accumulator_value)
+
+
+# ----------------------------------------------------------------------------- AdamW
+
+def matrix_mask(params) -> Any:
+  """True for the parameters AdamW decays: Megatron's param groups decay every tensor of two or
+  more dimensions (weights, embeddings) and neither biases nor norm scales (1-D)."""
+  return jax.tree.map(lambda p: p.ndim > 1, params)
+
+
+def make_adamw(opt_cfg, schedule, clip=True) -> optax.GradientTransformation:
+  """The MLPerf Llama 3.1 reference's update: the gradient clipped by its global norm
+  (clip_by_global_norm's formula, the one Keras' global_clipnorm computes; Megatron divides by
+  norm + 1e-6, a 1e-6 / norm relative difference in the clip factor), then torch's AdamW
+  (optax.adamw computes it: lr x (m_hat / (sqrt(v_hat) + eps) + wd x w), the decay decoupled
+  and scaled by the scheduled rate). `clip=False`: a caller clips the whole gradient itself."""
+  adamw = optax.adamw(lambda step: schedule(step, ops=jnp), b1=opt_cfg.beta_1,
+                      b2=opt_cfg.beta_2, eps=opt_cfg.epsilon, weight_decay=opt_cfg.weight_decay,
+                      mask=matrix_mask)
+  if not (clip and opt_cfg.clip_norm):
+    return adamw
+  clip_norm = opt_cfg.clip_norm
+  clipper = optax.stateless(lambda grads, params=None: clip_by_global_norm(grads, clip_norm))
+  return optax.chain(clipper, adamw)

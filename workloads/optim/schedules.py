@@ -188,3 +188,29 @@ class LrPolicySchedule:
                             1e-7)
       lr = ops.where(n >= self.decay_start_step, decayed, lr)
     return ops.where(n < self.warmup_steps, warm, lr)
+
+
+@dataclasses.dataclass(frozen=True)
+class WarmupCosineSchedule:
+  """NeMo's CosineAnnealing with warmup (nemo/core/optim/lr_scheduler.py), the MLPerf Llama 3.1
+  reference's schedule, at `step` updates already applied (torch's last_epoch):
+
+  lr(step) = base_lr * (step + 1) / (warmup + 1)                       step <= warmup
+           = min_lr + (base_lr - min_lr) * (1 + cos(pi * (step - warmup) / (max_steps - warmup))) / 2
+           = min_lr                                                     step > max_steps
+  """
+  base_lr: float
+  min_lr: float
+  warmup_steps: int
+  max_steps: int
+
+  def __call__(self, step, ops=np):
+    step = step * 1.0
+    warmup = self.base_lr * (step + 1.0) / (self.warmup_steps + 1.0)
+    decay_steps = max(self.max_steps - self.warmup_steps, 1)
+    progress = ops.minimum(ops.maximum(step - self.warmup_steps, 0.0), float(decay_steps))
+    cosine = self.min_lr + (self.base_lr - self.min_lr) * 0.5 * (
+        1.0 + ops.cos(np.pi * progress / decay_steps))
+    if not self.warmup_steps:
+      return cosine
+    return ops.where(step <= self.warmup_steps, warmup, cosine)

@@ -368,3 +368,63 @@ def make_adagrad(opt_cfg, schedule, dtype="float32"):
   """`dtype`: the learning rate's (float64 for float64 variables)."""
   return TorchAdagrad(KerasSchedule(schedule, dtype), opt_cfg.epsilon,
                       opt_cfg.initial_accumulator_value)
+
+
+class TorchAdamW(_TwoMoments):
+  """AdamW as torch.optim.AdamW and Megatron's fused Adam in AdamW mode compute it (formula:
+  jax_optimizers.make_adamw, optax.adamw), the MLPerf Llama 3.1 reference's optimizer. Keras'
+  AdamW adds epsilon before the bias correction, and applies the decay before the moments.
+  Weight decay applies to variables not excluded through `exclude_from_weight_decay(var_list=)`
+  (norm scales: 1-D); the clip by global norm is Keras' `global_clipnorm` (the trainer
+  all-reduces the gradients first, see _Optimizer)."""
+
+  def __init__(self, learning_rate, beta_1=0.9, beta_2=0.95, epsilon=1e-5, weight_decay=0.1,
+               clip_norm=1.0, name="torch_adamw", **kwargs):
+    super().__init__(learning_rate=learning_rate, name=name,
+                     global_clipnorm=clip_norm or None, **kwargs)
+    self.beta_1, self.beta_2, self.epsilon = beta_1, beta_2, epsilon
+    self.decay_rate, self.clip_norm = weight_decay, clip_norm
+
+  def moment_update(self, variable, gradient, m, v, learning_rate, step):
+    decayed = 1.0 if self._use_weight_decay(variable) else 0.0
+    return adamw_update(variable, gradient, m, v, learning_rate, step, decayed, **self.hyper())
+
+  def hyper(self):
+    return dict(beta_1=self.beta_1, beta_2=self.beta_2, epsilon=self.epsilon,
+                weight_decay=self.decay_rate)
+
+  def flat_update_rule(self):
+    hyper = self.hyper()
+
+    def rule(w, g, slots, lr, step, mask, layer_norm):
+      del layer_norm
+      new_w, m, v = adamw_update(w, g, slots["m"], slots["v"], lr, ops.cast(step, w.dtype), mask,
+                                 **hyper)
+      return new_w, {"m": m, "v": v}
+    return rule, ("m", "v")
+
+  def get_config(self):
+    config = super().get_config()
+    config.pop("global_clipnorm", None)              # it is clip_norm here
+    config.update(self.hyper(), clip_norm=self.clip_norm)
+    return config
+
+
+def adamw_update(w, g, m, v, lr, t, decayed, *, beta_1, beta_2, epsilon, weight_decay):
+  """One AdamW step at update count t (from 1) -> (new w, m, v); `decayed` 1.0/0.0 or a 0/1
+  mask over elements."""
+  m = beta_1 * m + (1 - beta_1) * g
+  v = beta_2 * v + (1 - beta_2) * ops.square(g)
+  m_hat = m / (1 - ops.power(ops.convert_to_tensor(beta_1, w.dtype), t))
+  v_hat = v / (1 - ops.power(ops.convert_to_tensor(beta_2, w.dtype), t))
+  update = m_hat / (ops.sqrt(v_hat) + epsilon) + decayed * weight_decay * w
+  return w - lr * update, m, v
+
+
+def make_adamw(opt_cfg, schedule, excluded_variables, dtype="float32"):
+  """`dtype`: the learning rate's (float64 for float64 variables); `excluded_variables`: those
+  without weight decay (the norm scales)."""
+  optimizer = TorchAdamW(KerasSchedule(schedule, dtype), opt_cfg.beta_1, opt_cfg.beta_2,
+                         opt_cfg.epsilon, opt_cfg.weight_decay, opt_cfg.clip_norm)
+  optimizer.exclude_from_weight_decay(var_list=list(excluded_variables))
+  return optimizer

@@ -197,3 +197,26 @@ def layer_profile(layer_fn, variables, example, count):
     nbytes = sum(math.prod(a.shape) * a.dtype.itemsize for a in jax.tree.leaves(x))
     out.append((float(cost.get("flops", 0.0)), int(nbytes)))
   return out
+
+
+def hidden_state_profile(trainer, method, rows):
+  """layer_profile of a model whose pipeline stages hand on one hidden state [rows, length,
+  hidden] and read the batch (BERT's encoder, Llama's decoder): `method` is its
+  pipeline_layers(x, batch, start, end, train) -> (x, heads or None); a stage cut after a layer
+  sends that layer's hidden state (the batch's features ride along to every stage, but are not
+  sent)."""
+  cfg = trainer.cfg
+  params = jax.eval_shape(trainer.create_state, jax.random.key(0)).params
+  batch = {k: jax.ShapeDtypeStruct(s.shape, s.dtype)
+           for k, s in trainer.batch_shapes(rows).items()}
+  hidden = jax.ShapeDtypeStruct((rows, cfg.data.max_seq_length, cfg.model.hidden_size),
+                                trainer.dtype)
+
+  def layer(p, carry, i):
+    x, _ = trainer.model.apply({"params": p}, carry["x"], carry["batch"], i, i + 1, False,
+                               method=method)
+    return {"x": x, "batch": carry["batch"]}
+
+  profile = layer_profile(layer, params, {"x": hidden, "batch": batch}, cfg.model.num_layers)
+  batch_bytes = sum(math.prod(s.shape) * s.dtype.itemsize for s in batch.values())
+  return [(flops, nbytes - batch_bytes) for flops, nbytes in profile]

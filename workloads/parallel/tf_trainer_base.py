@@ -31,6 +31,7 @@ and accumulated on the host; accumulate drops the examples whose 'mask' is 0.
 import abc
 import collections
 import math
+import os
 
 import keras
 import numpy as np
@@ -409,6 +410,9 @@ class StrategyTrainer(WorkloadTrainer):
     """Works before init: one replica needs only the built model and the traced (not compiled
     or run) step; several need the traced loop, whose collectives it counts."""
     if not hasattr(self, "model"):
+      too_large = self._shapes_if_too_large() if not self.runtime.distributed else None
+      if too_large is not None:
+        return too_large
       self.init() if self.runtime.distributed else self.build()
     shards = self.runtime.sharded_weights
     slots = [v for v in self.optimizer.variables if v is not self.optimizer.iterations]
@@ -442,6 +446,42 @@ class StrategyTrainer(WorkloadTrainer):
                                              self.runtime.collective_bytes.items()}
       info.emulated_collectives = self.runtime.emulated_costs(info.collective_bytes_in_train_step)
     return info
+
+
+  # Of this host's memory, the most a model and its optimizer state may take for describe to
+  # build them (the rest: the traced step's temporaries, TF and the interpreter).
+  DESCRIBE_MEMORY_FRACTION = 0.5
+
+  def _shapes_if_too_large(self):
+    """describe's figures from shapes alone when the model and its optimizer state would not
+    fit this host (Llama 3.1 8B: 96 GB in float32 with AdamW's moments): the model and the
+    optimizer built in a Keras StatelessScope that never initialises a variable (their shapes
+    and dtypes only, nothing allocated); None when they fit (describe then builds them and
+    traces the step)."""
+    with keras.StatelessScope(initialize_variables=False), self.strategy.scope():
+      model = self.make_model(None)
+      optimizer_of, saved = self.make_optimizer, getattr(self, "model", None)
+      self.model = model                          # make_optimizer reads self.model
+      try:
+        optimizer, _ = optimizer_of()
+        optimizer.build(model.trainable_variables)
+      finally:
+        if saved is None:
+          del self.model
+        else:
+          self.model = saved
+    slots = [v for v in optimizer.variables if v is not optimizer.iterations]
+    params = variable_bytes(model.trainable_variables)
+    state = variable_bytes(slots)
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if params + state <= self.DESCRIBE_MEMORY_FRACTION * memory:
+      return None
+    return Description(
+        parameters=int(sum(np.prod(v.shape) for v in model.trainable_variables)),
+        parameter_bytes_per_device=params, optimizer_state_bytes_per_device=state,
+        flops_missing=(f"shapes only: the model and its optimizer state ({(params + state) / 1e9:.1f}"
+                       f" GB) exceed half this host's memory ({memory / 1e9:.1f} GB), so the "
+                       "step is not traced"))
 
 
 def variable_bytes(variables, stage_placement=None) -> int:
