@@ -10,6 +10,7 @@ and ResNet in tests/parallel); TF has no Llama pipeline (refused in one line, sp
 so its largest layout is data x model."""
 import jax
 import numpy as np
+import tensorflow as tf
 import pytest
 
 from harness import config
@@ -40,10 +41,10 @@ def llama_config(mesh="", microbatches=1, wus=False):
 def trained_jax(mesh, microbatches=1, wus=False, steps=2):
   cfg = llama_config(mesh, microbatches, wus)
   trainer = float64_trainer(spec, jax_model, cfg, mesh, wus=wus)
-  batch = trainer.synthetic_batch()
+  batch, loss = trainer.synthetic_batch(), None
   for _ in range(steps):
     trainer.state, loss = trainer._train_step(trainer.state, batch)  # pylint: disable=protected-access
-  return trainer, float(loss)
+  return trainer, loss
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +61,7 @@ def test_jax_pipelined_layouts_equal_one_device(one_device, mesh, wus, owned):
   one, one_loss = one_device
   many, many_loss = trained_jax(mesh, microbatches=2, wus=wus)
   assert many.stage_cut == (2, 1) and (many.stage_weights is not None) == owned
-  np.testing.assert_allclose(many_loss, one_loss, rtol=RTOL)
+  np.testing.assert_allclose(float(many_loss), float(one_loss), rtol=RTOL)
   assert_trees_close(jax.device_get(many.params_of(many.state)),
                      jax.device_get(one.state.params), RTOL, atol_of_max=True)
 
@@ -85,3 +86,24 @@ def test_tf_data_model_with_weight_update_sharding_equals_one_replica():
   expected, got = whole_weights(one), whole_weights(many)
   assert set(got) == set(expected)
   assert_trees_close(got, expected, RTOL, atol_of_max=True)
+
+
+def test_two_adamw_steps_agree_across_frameworks():
+  """JAX's optax AdamW (decay on the matrices: ndim > 1) and TF's torch-form AdamW (decay on all
+  but the variables named `scale`) from the same weights, two steps of the same batch with the
+  warmup schedule and the clip acting: the same weights in float64."""
+  from workloads.parallel import tf_layers  # pylint: disable=import-outside-toplevel
+  trainer, _ = trained_jax("data=1", steps=0)
+  batch = jax.device_get(trainer.synthetic_batch())
+  tf_one = tf_trainer("data=1")
+  tf_layers.load_flax_variables(tf_one.model, {"params": jax.device_get(trainer.state.params)})
+  tf_batch = {k: tf.constant(v) for k, v in batch.items()}
+  for _ in range(2):
+    trainer.state, _ = trainer._train_step(trainer.state, trainer.synthetic_batch())  # pylint: disable=protected-access
+    _, grads = tf_one.loss_and_grads(tf_batch)
+    tf_one.optimizer.apply(grads, tf_one.model.trainable_variables)
+  got = {"/".join(path): v.numpy() for path, v in tf_layers.params_by_path(tf_one.model).items()}
+  flat = {"/".join(k.key for k in path): np.asarray(v) for path, v in
+          jax.tree_util.tree_leaves_with_path(jax.device_get(trainer.state.params))}
+  assert set(got) == set(flat)
+  assert_trees_close(got, flat, RTOL, atol_of_max=True)

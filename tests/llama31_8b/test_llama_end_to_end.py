@@ -55,3 +55,17 @@ def test_mini_llama_reaches_target_with_a_checker_clean_log(cli, tmp_path, frame
   closed.write_text(text)
   passed, report = compliance.check(str(closed))
   assert passed, report
+
+
+def test_tf_describes_the_reference_model_from_shapes(cli):
+  """`describe --preset reference` in TF: 8,030,261,248 parameters and AdamW's two moments a
+  weight, from shapes (the model and its state, 96 GB in float32, are more than this host
+  holds: nothing is allocated, the step is not traced, and the line says so). JAX's count at
+  the reference size: tests/llama31_8b/test_llama_model.py (eval_shape)."""
+  proc = cli("describe", "llama31_8b", "--preset", "reference", "--framework", "tf")
+  assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+  lines = dict(line.split(":", 1) for line in proc.stdout.splitlines() if ":" in line)
+  assert lines["parameters"].strip() == "8,030,261,248"
+  assert lines["parameters / device"].strip() == f"{4 * 8_030_261_248:,} bytes"
+  assert lines["optimizer state / device"].strip() == f"{8 * 8_030_261_248:,} bytes"
+  assert "shapes only" in lines["train FLOPs per example"]

@@ -28,9 +28,11 @@ class LlamaTrainer(StrategyTrainer):
     return tf_model.build(self.cfg, self.dtype, runtime)
 
   def make_optimizer(self):
-    # Megatron's param groups: the norm scales (1-D) are not decayed
-    norms = [v for v in self.model.trainable_variables if len(v.shape) == 1]
-    optimizer = tf_optimizers.make_adamw(self.cfg.optimizer, self.schedule, norms)
+    # Megatron's param groups: the norm scales (1-D, RMSNorm's `scale`) are not decayed; the
+    # update sees the TF variable, named as its layer's path: 'layer_0/input_norm/scale:0'
+    optimizer = tf_optimizers.make_adamw(self.cfg.optimizer, self.schedule,
+                                         [r"(^|/)scale(:\d+)?$"],
+                                         dtype=self.model.dtype_policy.variable_dtype)
     return optimizer, optimizer.learning_rate_schedule
 
   def loss_and_grads(self, batch):

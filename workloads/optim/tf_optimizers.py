@@ -62,6 +62,7 @@ class _TwoMoments(_Optimizer):
   """Adam's two slots per variable, `m` and `v` (LAMB's and Adam's), and the step that reads
   and writes them; a subclass's `moment_update(variable, gradient, m, v, learning_rate, step)`
   -> (new variable, new m, new v) is its formula (`step`: updates including this one)."""
+  SLOTS = ("m", "v")          # a variable's slots, each of its shape (describe from shapes)
 
   def build(self, var_list):
     if self.built:
@@ -421,10 +422,12 @@ def adamw_update(w, g, m, v, lr, t, decayed, *, beta_1, beta_2, epsilon, weight_
   return w - lr * update, m, v
 
 
-def make_adamw(opt_cfg, schedule, excluded_variables, dtype="float32"):
-  """`dtype`: the learning rate's (float64 for float64 variables); `excluded_variables`: those
-  without weight decay (the norm scales)."""
+def make_adamw(opt_cfg, schedule, excluded_names, dtype="float32"):
+  """`dtype`: the learning rate's (float64 for float64 variables); `excluded_names`: regular
+  expressions of the variable names without weight decay (the norm scales). By name, not by
+  variable: a model built from shapes alone (describe, tf_trainer_base) has variables whose
+  identity Keras cannot key before they hold a value."""
   optimizer = TorchAdamW(KerasSchedule(schedule, dtype), opt_cfg.beta_1, opt_cfg.beta_2,
                          opt_cfg.epsilon, opt_cfg.weight_decay, opt_cfg.clip_norm)
-  optimizer.exclude_from_weight_decay(var_list=list(excluded_variables))
+  optimizer.exclude_from_weight_decay(var_names=list(excluded_names))
   return optimizer

@@ -458,21 +458,25 @@ class StrategyTrainer(WorkloadTrainer):
     optimizer built in a Keras StatelessScope that never initialises a variable (their shapes
     and dtypes only, nothing allocated); None when they fit (describe then builds them and
     traces the step)."""
-    with keras.StatelessScope(initialize_variables=False), self.strategy.scope():
-      model = self.make_model(None)
-      optimizer_of, saved = self.make_optimizer, getattr(self, "model", None)
-      self.model = model                          # make_optimizer reads self.model
-      try:
-        optimizer, _ = optimizer_of()
-        optimizer.build(model.trainable_variables)
-      finally:
-        if saved is None:
-          del self.model
-        else:
-          self.model = saved
-    slots = [v for v in optimizer.variables if v is not optimizer.iterations]
+    # Keras lists a variable made in the scope for initialisation by a later scope that
+    # initialises: the list is put back as it was
+    from keras.src.backend.common import global_state  # pylint: disable=import-outside-toplevel
+    pending = list(global_state.get_global_attribute("uninitialized_variables") or [])
+    saved = getattr(self, "model", None)
+    try:
+      with keras.StatelessScope(initialize_variables=False), self.strategy.scope():
+        self.model = model = self.make_model(None)
+      # the optimizer's slots: its own count a variable (Keras keys a variable it builds slots
+      # for by its value, which a variable from shapes does not have)
+      optimizer, _ = self.make_optimizer()
+    finally:
+      global_state.set_global_attribute("uninitialized_variables", pending)
+      if saved is None:
+        del self.model
+      else:
+        self.model = saved
     params = variable_bytes(model.trainable_variables)
-    state = variable_bytes(slots)
+    state = params * len(optimizer.SLOTS)
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     if params + state <= self.DESCRIBE_MEMORY_FRACTION * memory:
       return None
