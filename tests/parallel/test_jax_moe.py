@@ -4,13 +4,14 @@ data x expert meshes, and with a model axis too, gives the loss (router losses i
 every gradient, the parameters after two steps and the router's counts (dropped tokens,
 per-expert load) of one device; the experts are split over `expert` and the compiled step
 moves tokens with all-to-alls over that axis."""
+import functools
+
 import jax
 import numpy as np
 import pytest
 
 from tests.parallel.test_jax_model_parallel import (RTOL, assert_trees_equal, float64_trainer,
-                                                    loss_grads_and_two_steps, transformer_config,
-                                                    transformer_loss)
+                                                    transformer_config, transformer_loss)
 from workloads.common import moe
 from workloads.common.moe import MoEConfig
 from workloads.parallel import jax_runtime
@@ -20,20 +21,34 @@ pytestmark = pytest.mark.usefixtures("jax_float64")     # tests/conftest.py
 
 
 def moe_config():
-  cfg = transformer_config(layers=2)
+  # one layer a stack, an expert layer (every=1): the encoder's and the decoder's, 2 in all
+  # (2 layers a stack with every=2 added two dense feed-forwards, the model-parallel tests'
+  # layers, at twice the program)
+  cfg = transformer_config(layers=1)
   # groups of one row (12 tokens): every layout here holds whole groups; capacity 4 of 12
   # tokens per expert, so tokens are dropped and the drops must match too
-  cfg.model.moe = MoEConfig(num_experts=4, every=2, group_size=12)
+  cfg.model.moe = MoEConfig(num_experts=4, every=1, group_size=12)
   return cfg
 
 
 def run(mesh):
+  """(trainer, (loss, gradients at the initial state, parameters after two train steps), the
+  router's counts of the first step): tests/parallel/test_jax_model_parallel.py's
+  loss_grads_and_two_steps, keeping the first step's router metrics (they were read from a
+  step of their own, then the trainer initialised and its step compiled again)."""
   trainer = float64_trainer(spec, jax_model, moe_config(), mesh)
   batch = trainer.synthetic_batch()
-  first = trainer._train_step(trainer.state, batch)[1]  # pylint: disable=protected-access
-  router = jax.tree.map(np.asarray, first["router"])
-  trainer.init()                                          # back to the initial state
-  return trainer, loss_grads_and_two_steps(trainer, transformer_loss), router
+  state = trainer.state
+  with trainer.runtime.tracing():
+    loss, grads = jax.jit(jax.value_and_grad(functools.partial(transformer_loss, state, batch)))(
+        state.params)
+  loss, grads = jax.device_get((loss, grads))
+  router = None
+  for _ in range(2):
+    trainer.state, metrics = trainer._train_step(trainer.state, batch)  # pylint: disable=protected-access
+    if router is None:
+      router = jax.tree.map(np.asarray, metrics["router"])
+  return trainer, (loss, grads, jax.device_get(trainer.state.params)), router
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +71,7 @@ def test_expert_parallel_equals_one_device(one_device, mesh):
     np.testing.assert_allclose(router[key], one_router[key], rtol=RTOL)
   # each device holds its experts only (and, with a model axis, its d_ff shard of them)
   rt = trainer.runtime
-  kernel = trainer.state.params["encoder"]["layer_1"]["ffn"]["experts"]["filter"]["kernel"]
+  kernel = trainer.state.params["encoder"]["layer_0"]["ffn"]["experts"]["filter"]["kernel"]
   assert kernel.addressable_shards[0].data.shape == (4 // rt.expert, 32, 64 // rt.model)
   # tokens go to their experts' devices and back: all-to-alls over `expert`
   by_axis = rt.collectives_by_axis(trainer._train_step.as_text())  # pylint: disable=protected-access
@@ -64,7 +79,7 @@ def test_expert_parallel_equals_one_device(one_device, mesh):
   assert ops == 8                  # 2 expert layers x (dispatch, combine) x (forward, backward)
   # what describe predicts (moe.figures): a device's groups' E x capacity slots of 32 float64
   # values, 4 times per layer; and no other collective spans `expert` (no gathered tokens)
-  figures = moe.figures(trainer.cfg.model.moe, 32, 64, 2, 2, 8 * 12)
+  figures = moe.figures(trainer.cfg.model.moe, 32, 64, 1, 2, 8 * 12)
   assert nbytes == figures["all_to_all_values_per_step"] * 8 // (rt.data * rt.expert)
   assert not [key for key in by_axis if "expert" in key[1] and key[0] != "all-to-all"
               and key[0] != "all-reduce"]

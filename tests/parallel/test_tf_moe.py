@@ -17,12 +17,15 @@ from workloads.parallel import tf_model_parallel as mp
 from workloads.transformer import jax_model, jax_trainer, spec, tf_model, tf_trainer
 
 RTOL = 1e-9
-MOE = dict(num_experts=4, every=2, group_size=12)
+# one layer a stack, an expert layer (every=1): the encoder's and the decoder's (2 layers a
+# stack with every=2 added two dense feed-forwards, tests/parallel/test_tf_model_parallel.py's
+# layers, at twice the traced step)
+MOE = dict(num_experts=4, every=1, group_size=12)
 
 
 def moe_trainer(mesh):
   cfg = mp_tests.tiny_config(mesh)
-  cfg.model.num_layers = 2
+  cfg.model.num_layers = 1
   cfg.model.moe = MoEConfig(**MOE)        # the random second policy: noise keyed by token
   cfg.parallel.mesh = mesh
   from harness.workload import RunContext  # pylint: disable=import-outside-toplevel
@@ -71,11 +74,12 @@ def one_replica():
 
 
 # expert x model: the experts split over expert and whole over model (every model peer routes
-# the same tokens), attention and dense feed-forwards split over model (Megatron's layers),
-# the expert peers strided by the model axis (harness.mesh.MESH_ORDER); an expert shard's
-# gradient summed over the replicas holding the same experts (here its model peers). data=2,
-# expert=2 was here too (50 CPU s): the same dispatch and the same sum over the replicas
-# holding an expert (its data peers); JAX's test keeps data x expert (data=2,expert=4)
+# the same tokens), attention split over model (Megatron's layers; the dense feed-forwards'
+# split is test_tf_model_parallel.py's), the expert peers strided by the model axis
+# (harness.mesh.MESH_ORDER); an expert shard's gradient summed over the replicas holding the
+# same experts (here its model peers). data=2,expert=2 was here too (50 CPU s): the same
+# dispatch and the same sum over the replicas holding an expert (its data peers); JAX's test
+# keeps data x expert (data=2,expert=2)
 @pytest.mark.parametrize("mesh", ["data=1,expert=2,model=2"])
 def test_expert_parallel_equals_one_replica(one_replica, mesh):
   one, weights, one_grads, one_counts, one_metrics, one_after = one_replica
@@ -93,7 +97,7 @@ def test_expert_parallel_equals_one_replica(one_replica, mesh):
     np.testing.assert_allclose(metrics["scalars"][key], value, rtol=RTOL, err_msg=key)
   mp_tests.assert_same(mp_tests.whole_weights(trainer), one_after)
   # each replica holds E / expert experts
-  kernel = trainer.model.encoder.blocks[1].ffn.experts.filter.kernel
+  kernel = trainer.model.encoder.blocks[0].ffn.experts.filter.kernel
   assert kernel.variable.values[0].shape == (4 // trainer.runtime.expert, 32, 64)
   rt = trainer.runtime
   assert rt.collective_calls["all_to_all_over_expert"] >= 4
