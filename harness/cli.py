@@ -187,7 +187,8 @@ def build_parser():
   p.add_argument("--preset", default="mini", help="every run's preset (default mini)")
   p.add_argument("--rounds", type=_positive_int, metavar="N",
                  help="runs per side of each workload and framework (default: the workload's "
-                      "ruleset run count, rules/<benchmark>.yaml runs_required)")
+                      "ruleset run count, rules/<benchmark>.yaml runs_required, or the fewest "
+                      "that can reject among the groups at --alpha, if more)")
   p.add_argument("--seed", type=_int, default=100,
                  help="seed of round 0 on both sides (default 100, the committed baseline's)")
   p.add_argument("--steps", type=_positive_int, help="cap on training steps, as run's")
@@ -666,8 +667,12 @@ def ab_groups(args):
     run = parser.parse_args(["run", workload, "--framework", framework, *run_args])
     spec, cfg = _workload_config(run)
     _check_data_dir(spec, cfg, run)
-  rounds = {w: args.rounds or rules.load(registry.get(w).mlperf_benchmark).runs_required
-            for w in workloads}
+  # default: the ruleset's run count, or more where the family of groups needs more for a
+  # speed test to reach its corrected level (compare.runs_to_test)
+  from harness import compare  # pylint: disable=import-outside-toplevel
+  least = compare.runs_to_test(len(groups), args.alpha)
+  rounds = {w: args.rounds or max(least, rules.load(registry.get(w).mlperf_benchmark)
+                                  .runs_required) for w in workloads}
   return groups, rounds, run_args
 
 

@@ -90,6 +90,17 @@ def side_of(frame: pd.DataFrame) -> Side:
 # ------------------------------------------------------------------------------------ speed
 
 @functools.lru_cache(maxsize=16)
+def runs_to_test(groups: int, alpha: float = DEFAULT_ALPHA) -> int:
+  """The fewest runs a side (equal sides) whose speed test can reject in a family of `groups`
+  tests at Holm's strictest level alpha / groups: the exact one-sided test's smallest p,
+  1 / C(2n, n), must reach it (5 a side up to 12 groups: 1/252 = 0.00397 <= 0.05 / 12; 6 a side
+  up to 46: 1/924). Fewer, and the group's verdict is "too few runs" whatever it measures."""
+  n = 1
+  while 1 / math.comb(2 * n, n) > alpha / groups:
+    n += 1
+  return n
+
+
 def _splits(n_total: int, n_base: int):
   """Which runs form the base side, for every split of n_total runs (or MONTE_CARLO_SPLITS
   random ones): (splits, exact). The first row is the observed split (runs 0..n_base-1)."""

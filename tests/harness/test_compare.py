@@ -241,13 +241,17 @@ def _scaled(tmp_path, name, ttt_factors, tp_factors=None):
 WORKLOADS = tuple(registry.names())
 FRAMEWORKS = config.FRAMEWORKS
 GROUPS = {(w, f) for w in WORKLOADS for f in FRAMEWORKS}
-RUNS = {w: rules.load(registry.get(w).mlperf_benchmark).runs_required for w in WORKLOADS}
+# the ruleset's run count, or the fewest the gate can test in a family of this many groups
+RUNS = {w: max(rules.load(registry.get(w).mlperf_benchmark).runs_required,
+               compare.runs_to_test(len(GROUPS))) for w in WORKLOADS}
 
 
 def test_the_committed_baseline_holds_the_ruleset_s_runs_of_every_workload_and_framework():
   """Each registered workload x framework has exactly its ruleset's run count (MLPerf's: 5, 10
-  for BERT and the Transformer; with fewer there is no olympic score to gate), all mini runs
-  that succeeded; no group of a workload the registry does not list."""
+  for BERT and the Transformer; with fewer there is no olympic score to gate), or the fewest
+  runs whose speed test can reject among this many groups (6 for 14: 1/C(12, 6) = 0.00108 <=
+  0.05 / 14; 5 a side, 1/252 = 0.00397, could not), all mini runs that succeeded; no group of a
+  workload the registry does not list."""
   assert {"resnet50", "bert"} <= set(WORKLOADS) and min(RUNS.values()) >= 3
   frame = results.read_csv(BASELINE)
   counts = frame.groupby(["workload", "framework"]).size()
@@ -361,8 +365,8 @@ def _ci_commands(script, tmp_path, command, env=None):
 def test_the_documented_ci_workflow_runs_real_commands(tmp_path):
   """docs/ci/regression.yml: speed by `ab` against the baseline commit (its step executed as
   GitHub runs it, bash -e -o pipefail, the command recorded): every registered workload in both
-  frameworks, 5 rounds a side from seed 100 (the fewest that can reject among 12 groups: 1/252
-  <= 0.05/12), --require-all, the REF of the event or, without one (a new branch: zeros),
+  frameworks, 6 rounds a side from seed 100 (the fewest that can reject among 14 groups: 1/924
+  <= 0.05/14), --require-all, the REF of the event or, without one (a new branch: zeros),
   HEAD~1; convergence by compare --convergence-only of the A/B's new rows against the committed
   baseline, whose every group holds those seeds; change points and the report over the
   history. Every run_benchmark.py command parses, and no gating step may continue on error."""
@@ -386,8 +390,10 @@ def test_the_documented_ci_workflow_runs_real_commands(tmp_path):
     assert len(made) == 1 and made[0][1] == used, (given, made)
   ab_args = parser.parse_args(made[0])
   groups, rounds, _ = cli.ab_groups(ab_args)
-  assert sorted(groups) == sorted(GROUPS) and set(rounds.values()) == {5}
-  assert compare._u_counts(5, 5).sum() == 252 and 1 / 252 <= 0.05 / len(GROUPS)
+  least = compare.runs_to_test(len(GROUPS))
+  assert sorted(groups) == sorted(GROUPS) and set(rounds.values()) == {least}
+  assert compare._u_counts(least, least).sum() == math.comb(2 * least, least) >= \
+      len(GROUPS) / 0.05
   assert ab_args.seed == 100 and ab_args.require_all and ab_args.out == "results/ab"
   commands = literal + made
   assert {c[0] for c in commands} == {"ab", "compare", "changepoints", "report"}
@@ -400,7 +406,7 @@ def test_the_documented_ci_workflow_runs_real_commands(tmp_path):
   assert os.path.join(ROOT, gate.baseline) == BASELINE and gate.new == "results/ab/new.csv"
   assert gate.convergence_only and gate.require_all
   seeds = results.read_csv(BASELINE).groupby(["workload", "framework"])["seed"].apply(set)
-  assert all(set(range(100, 105)) <= seeds[g] for g in GROUPS)   # the A/B's seeds, every group
+  assert all(set(range(100, 100 + least)) <= seeds[g] for g in GROUPS)   # the A/B's seeds
   (history,) = [parser.parse_args(c) for c in commands if c[0] == "changepoints"]
   assert history.csvs == ["pages/history.csv", "results/ab/new.csv"]
   (report,) = [parser.parse_args(c) for c in commands if c[0] == "report"]
@@ -409,3 +415,11 @@ def test_the_documented_ci_workflow_runs_real_commands(tmp_path):
             or "run_benchmark.py compare " in s.get("run", "")]
   assert len(gating) == 2 and not any(s.get("continue-on-error") for s in gating)
   assert "if" not in ab_steps[0]
+
+
+def test_runs_to_test_is_the_fewest_whose_smallest_p_reaches_holm_s_first_level():
+  """By hand: the exact one-sided test of n runs against n has smallest p 1 / C(2n, n); it must
+  be <= alpha / groups."""
+  assert [compare.runs_to_test(g) for g in (1, 2, 12, 13, 14, 46, 47)] == [3, 4, 5, 6, 6, 6, 7]
+  assert 1 / 252 <= 0.05 / 12 and 0.05 / 13 < 1 / 252     # 5 a side: C(10, 5) = 252
+  assert 1 / 924 <= 0.05 / 46 and 0.05 / 47 < 1 / 924     # 6 a side: C(12, 6) = 924

@@ -15,7 +15,7 @@ from tests.conftest import run_to_target
 
 pytestmark = pytest.mark.slow
 
-TARGET = 0.9
+TARGET = 0.95
 RUNS = [("jax", "8", "data=2,model=2,stage=2", "2"), ("tf", "1", "data=1", "1")]
 
 

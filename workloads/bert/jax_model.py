@@ -21,7 +21,7 @@ import jax.numpy as jnp
 
 from workloads.bert import spec
 from workloads.parallel import jax_attention
-from workloads.parallel.jax_layers import ExampleDropout, remat_block
+from workloads.parallel.jax_layers import ExampleDropout, FlatDense, remat_block
 from workloads.parallel.jax_runtime import constrain
 
 LAYER_NORM_EPSILON = 1e-12
@@ -52,7 +52,7 @@ class TransformerLayer(nn.Module):
 
   @nn.compact
   def __call__(self, x, attention_mask, deterministic):
-    dense = functools.partial(nn.Dense, dtype=self.dtype, kernel_init=weight_init(self.init_std))
+    dense = functools.partial(FlatDense, dtype=self.dtype, kernel_init=weight_init(self.init_std))
     norm = functools.partial(nn.LayerNorm, epsilon=LAYER_NORM_EPSILON, dtype=self.dtype)
     # keyed by example (jax_layers.ExampleDropout): the same masks with or without a pipeline
     drop = lambda: functools.partial(ExampleDropout(self.dropout), deterministic=deterministic)
@@ -97,7 +97,7 @@ class BertPretraining(nn.Module):
     init = weight_init(c.initializer_range)
     embed = functools.partial(nn.Embed, features=c.hidden_size, embedding_init=init)
     norm = functools.partial(nn.LayerNorm, epsilon=LAYER_NORM_EPSILON, dtype=self.dtype)
-    dense = functools.partial(nn.Dense, dtype=self.dtype, kernel_init=init)
+    dense = functools.partial(FlatDense, dtype=self.dtype, kernel_init=init)
     self.word_embeddings = embed(c.vocab_size)
     self.position_embeddings = embed(c.max_position_embeddings)
     self.token_type_embeddings = embed(c.type_vocab_size)

@@ -212,7 +212,7 @@ def mini() -> LlamaConfig:
                         rope_original_max_position=64),
       data=DataConfig(source="mini", max_seq_length=64, eval_batch_size=256),
       optimizer=AdamWConfig(base_learning_rate=3e-3, warmup_samples=32 * 20),
-      train=TrainConfig(global_batch_size=32, target=0.9, precision="float32",
+      train=TrainConfig(global_batch_size=32, target=0.95, precision="float32",
                         eval_every_samples=32 * 50, max_samples=32 * 1500))
 
 
