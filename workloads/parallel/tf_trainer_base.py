@@ -454,30 +454,36 @@ class StrategyTrainer(WorkloadTrainer):
 
   def _shapes_if_too_large(self):
     """describe's figures from shapes alone when the model and its optimizer state would not
-    fit this host (Llama 3.1 8B: 96 GB in float32 with AdamW's moments): the model and the
-    optimizer built in a Keras StatelessScope that never initialises a variable (their shapes
-    and dtypes only, nothing allocated); None when they fit (describe then builds them and
-    traces the step)."""
+    fit this host (Llama 3.1 8B: 96 GB in float32 with AdamW's moments): the model built in a
+    Keras StatelessScope that never initialises a variable (shapes and dtypes only, nothing
+    allocated), the optimizer's slots counted by its SLOTS; None when they fit, or when the
+    model cannot be built from shapes (describe then builds them and traces the step)."""
     # Keras lists a variable made in the scope for initialisation by a later scope that
     # initialises: the list is put back as it was
     from keras.src.backend.common import global_state  # pylint: disable=import-outside-toplevel
     pending = list(global_state.get_global_attribute("uninitialized_variables") or [])
-    saved = getattr(self, "model", None)
     try:
       with keras.StatelessScope(initialize_variables=False), self.strategy.scope():
-        self.model = model = self.make_model(None)
-      # the optimizer's slots: its own count a variable (Keras keys a variable it builds slots
-      # for by its value, which a variable from shapes does not have)
-      optimizer, _ = self.make_optimizer()
+        model = self.make_model(None)
+    except ValueError:            # a variable made from a value, not an initializer
+      return None
     finally:
       global_state.set_global_attribute("uninitialized_variables", pending)
+    params = variable_bytes(model.trainable_variables)
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if 3 * params <= self.DESCRIBE_MEMORY_FRACTION * memory:   # weights and Adam's 2 moments
+      return None
+    # the optimizer's slots: its own count a variable (Keras keys a variable it builds slots
+    # for by its value, which a variable from shapes does not have)
+    saved, self.model = getattr(self, "model", None), model     # make_optimizer reads it
+    try:
+      optimizer, _ = self.make_optimizer()
+    finally:
       if saved is None:
         del self.model
       else:
         self.model = saved
-    params = variable_bytes(model.trainable_variables)
     state = params * len(optimizer.SLOTS)
-    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     if params + state <= self.DESCRIBE_MEMORY_FRACTION * memory:
       return None
     return Description(
