@@ -26,7 +26,10 @@ def _run(capsys, *argv):
 def baseline_rows(tmp_path, edit=None, name="rows.csv"):
   """The baseline's resnet rows with absolute log paths (copied: edits never touch them)."""
   frame = pd.read_csv(BASELINE)
-  frame = frame[frame["workload"] == "resnet50"].copy()
+  frame = frame[frame["workload"] == "resnet50"].sort_values(["framework", "started_at"])
+  # the ruleset's 5 a framework, the latest (as summarize scores a group: the baseline holds 6,
+  # the gate's least for 14 groups)
+  frame = frame.groupby("framework").tail(5).copy()
   logs = tmp_path / "logs"
   logs.mkdir(exist_ok=True)
   paths = []
