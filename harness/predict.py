@@ -537,9 +537,8 @@ def read_system_json(path) -> dict:
 def read_harness_csv(path) -> Measured:
   """This harness's result CSV: its successful rows of one workload x framework x preset x
   device count, their logs (the log_path column)."""
-  import pandas as pd                            # pylint: disable=import-outside-toplevel
-  from harness import registry
-  frame = pd.read_csv(path)
+  from harness import registry, results
+  frame = results.read_csv(path)
   frame = frame[frame["status"] == "success"]
   if frame.empty:
     raise UsageError(f"{path}: no successful run; allowed: a result CSV with a converged run")

@@ -51,6 +51,9 @@ class ResultRow:
 
 
 COLUMNS = [f.name for f in dataclasses.fields(ResultRow)]
+# Read as text whatever they look like: a short commit of digits and one "e" ("93e5818") would
+# otherwise parse as a float (inf), one of digits only would lose its leading zeros.
+TEXT_COLUMNS = [f.name for f in dataclasses.fields(ResultRow) if f.type is str]
 
 
 def _encode(values: list) -> bytes:
@@ -157,7 +160,7 @@ def read_csv(path: str) -> "pd.DataFrame":
   """Reads a result CSV of ours; UsageError naming the file if it cannot be read."""
   import pandas as pd
   try:
-    frame = pd.read_csv(path)
+    frame = pd.read_csv(path, dtype=dict.fromkeys(TEXT_COLUMNS, str))
   except FileNotFoundError:
     raise UsageError(f"{path!r}: no such file; allowed: a result CSV written by "
                      "run_benchmark.py") from None

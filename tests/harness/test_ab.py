@@ -10,7 +10,7 @@ import time
 import pandas as pd
 import pytest
 
-from harness import ab, cli
+from harness import ab, cli, results
 from tests import fork_server
 from tests.conftest import ROOT, clean_env
 
@@ -74,7 +74,7 @@ def test_a_b_of_head_against_the_working_tree(tmp_path, monkeypatch, capsys):
                             f"{head}")
   assert "verdict: no regression" in printed
 
-  base, new = pd.read_csv(out / "base.csv"), pd.read_csv(out / "new.csv")
+  base, new = results.read_csv(out / "base.csv"), results.read_csv(out / "new.csv")
   assert list(base["status"]) == list(new["status"]) == ["success", "success"]
   assert list(base["seed"]) == list(new["seed"]) == [100, 101]
   assert list(base["samples_to_converge"]) == list(new["samples_to_converge"])

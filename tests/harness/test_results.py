@@ -124,3 +124,17 @@ def test_read_csv_errors_name_the_file(tmp_path):
   bad.write_bytes(b"\xff\xfe\x00garbage")
   with pytest.raises(UsageError, match="bad.csv"):
     results.read_csv(str(bad))
+
+
+def test_a_commit_that_looks_like_a_number_reads_back_as_written(tmp_path):
+  """A short commit of digits and one "e" is a float to a default CSV reader (93e5818 is inf)
+  and one of digits loses its leading zero; the harness reads them, and every text column, as
+  text."""
+  path = str(tmp_path / "r.csv")
+  for i, commit in enumerate(["93e5818", "0123456", "abc1234"]):
+    results.append_row(path, make_row(i, git_commit=commit, run_id=f"{i}e9", host="1"))
+  frame = results.read_csv(path)
+  assert list(frame["git_commit"]) == ["93e5818", "0123456", "abc1234"]
+  assert list(frame["run_id"]) == ["0e9", "1e9", "2e9"]
+  assert list(frame["host"]) == ["1", "1", "1"]
+  assert list(frame["seed"]) == [0, 1, 2]                      # numbers stay numbers
