@@ -494,7 +494,9 @@ def cmd_describe(args):
                                                    f"{k}={v}" for k, v in derived.items()))
   for label, text in spec.describe_lines(cfg, info.parameters):
     print(f"{label + ':':<26}{text}")
-  print(f"mesh:                     {trainer.mesh_description}")
+  sequence = (" (sequence parallel: the residual stream split over model along the sequence)"
+              if cfg.parallel.sequence_parallel else "")
+  print(f"mesh:                     {trainer.mesh_description}{sequence}")
   _print_layout(info, small.train.global_batch_size)
   return 0
 

@@ -101,15 +101,21 @@ def runs_to_test(groups: int, alpha: float = DEFAULT_ALPHA) -> int:
   return n
 
 
+@functools.lru_cache(maxsize=16)
 def _splits(n_total: int, n_base: int):
   """Which runs form the base side, for every split of n_total runs (or MONTE_CARLO_SPLITS
-  random ones): (splits, exact). The first row is the observed split (runs 0..n_base-1)."""
+  random ones): (splits, exact). The first row is the observed split (runs 0..n_base-1).
+  Kept per run counts (read-only): a gate's groups mostly share theirs, and C(20, 10) splits
+  take a third of a second to list."""
   if math.comb(n_total, n_base) <= EXACT_LIMIT:
     flat = itertools.chain.from_iterable(itertools.combinations(range(n_total), n_base))
-    return np.fromiter(flat, dtype=np.int16).reshape(-1, n_base), True
-  rng = np.random.default_rng(0)                 # seeded: the same CSVs give the same p
-  random = np.argsort(rng.random((MONTE_CARLO_SPLITS, n_total)), axis=1)[:, :n_base]
-  return np.vstack([np.arange(n_base)[None], random]).astype(np.int16), False
+    splits, exact = np.fromiter(flat, dtype=np.int16).reshape(-1, n_base), True
+  else:
+    rng = np.random.default_rng(0)               # seeded: the same CSVs give the same p
+    random = np.argsort(rng.random((MONTE_CARLO_SPLITS, n_total)), axis=1)[:, :n_base]
+    splits, exact = np.vstack([np.arange(n_base)[None], random]).astype(np.int16), False
+  splits.flags.writeable = False
+  return splits, exact
 
 
 @functools.lru_cache(maxsize=64)

@@ -35,6 +35,9 @@ LOGICAL_AXIS_RULES = (
     ("channels", None),          # conv feature maps
     ("conv_in", None), ("conv_out", None), ("kernel_h", None), ("kernel_w", None),
     ("length", None),            # sequence positions
+    # the residual stream's positions under parallel.sequence_parallel (Megatron-LM's sequence
+    # parallelism, MaxText's activation_length): split over model between the split matmuls
+    ("residual_length", "model"),
     ("embed", None),             # d_model
     ("mlp", "model"),            # d_ff
     ("heads", "model"),
@@ -84,6 +87,8 @@ class ParallelConfig:
   remat_policy: str = ""              # JAX: what each model block keeps for the backward pass
                                       # (REMAT_POLICIES)
   stage_layers: str = ""              # GPipe: layers per stage ("5,4,4,3"); "": balanced
+  sequence_parallel: bool = False     # JAX: the residual stream (norms, residual adds, dropout
+                                      # sites) split over model along the sequence
 
   def axes(self) -> dict[str, int]:
     """{axis: size} for every named axis; data = 0 means 'all remaining devices'."""
@@ -350,12 +355,18 @@ def check_fits(parallel: ParallelConfig, *, framework: str, workload: str,
     axis = dict(LOGICAL_AXIS_RULES)[logical]
     if axis and not size and axes[axis] > 1:
       continue                 # the config has no such dimension: the workload's check says so
-    if axis == "model" and logical != "heads":
+    if logical == "residual_length" and not parallel.sequence_parallel:
+      continue                 # the residual stream is whole on model without it
+    if axis == "model" and logical not in ("heads", "residual_length"):
       continue                 # d_ff and vocab stay whole on a model axis that does not divide
     if axis and axes[axis] > 1 and size % axes[axis]:
       flag = "--spatial-partitions " if axis == "spatial" else f"--mesh {axis}="
       raise UsageError(f"{flag}{axes[axis]} does not divide the {logical} size {size}; "
                        f"allowed: a divisor of {size}")
+  if parallel.sequence_parallel:
+    refused = _sequence_parallel_refusal(framework, workload, axes, dims or {})
+    if refused:
+      raise UsageError(refused)
   if framework == "tf" and parallel.remat_policy:
     raise UsageError(f"parallel.remat_policy={parallel.remat_policy!r} in TF: block "
                      "rematerialisation is JAX's (jax.checkpoint policies); allowed: '' in TF")
@@ -364,6 +375,20 @@ def check_fits(parallel: ParallelConfig, *, framework: str, workload: str,
                      "only without spatial partitioning; allowed: --bn-group-size 0 (all)")
   pipeline.check(parallel, workload=workload, layers=layers,
                  global_batch_size=global_batch_size, data=data)
+
+
+def _sequence_parallel_refusal(framework, workload, axes, dims) -> str:
+  """Why parallel.sequence_parallel cannot run here, or ''."""
+  if framework == "tf":
+    return ("parallel.sequence_parallel=true in TF: the sequence split of the residual stream "
+            "is JAX's (GSPMD layouts); allowed: false in TF")
+  if "residual_length" not in dims:
+    return (f"parallel.sequence_parallel=true: {workload} does not lay its residual stream out "
+            "along the sequence; allowed: false")
+  if axes["model"] < 2:
+    return ("parallel.sequence_parallel=true splits the residual stream over the model axis, "
+            "which this mesh does not have; allowed: with --mesh model=N (N > 1), or false")
+  return ""
 
 
 def logical_to_mesh(logical_axes, mesh: MeshShape | None = None, rules=LOGICAL_AXIS_RULES,

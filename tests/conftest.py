@@ -348,6 +348,7 @@ def pytest_runtest_makereport(item, call):
 
 
 CPU_BY_TEST = {}
+SPAN_BY_TEST = {}                   # nodeid -> (xdist worker, wall start, wall end)
 # (first test's start, last test's end, seconds in tests, CPU seconds in the collector) per
 # xdist worker: the suite's wall time less the busiest worker's test seconds is start-up (each
 # worker imports and collects every test file) and the tail (one worker idle while the other
@@ -363,6 +364,7 @@ def pytest_runtest_logreport(report):
     name = getattr(worker, "id", "main")
     collector = sum(value for key, value in report.user_properties if key == "gc_s")
     for start, end in (value for key, value in report.user_properties if key == "wall"):
+      SPAN_BY_TEST[report.nodeid] = (name, start, end)
       first, last, busy, gc_s = WORKER_SPANS.get(name, (start, end, 0.0, 0.0))
       WORKER_SPANS[name] = (min(first, start), max(last, end), busy + end - start,
                             gc_s + collector)
@@ -372,11 +374,13 @@ def pytest_terminal_summary(terminalreporter):
   if not CPU_BY_TEST:
     return
   every = os.environ.get("HARNESS_TEST_CPU_CSV")     # every test's CPU seconds, for trimming
-  if every:
+  if every:                                          # (and its span: idle cores show there)
     with open(every, "w", encoding="utf-8") as f:
-      f.write("cpu_s,test\n")
-      f.writelines(f"{seconds:.1f},{nodeid}\n" for nodeid, seconds in
-                   sorted(CPU_BY_TEST.items(), key=lambda kv: -kv[1]))
+      f.write("cpu_s,start_s,end_s,worker,test\n")
+      for nodeid, seconds in sorted(CPU_BY_TEST.items(), key=lambda kv: -kv[1]):
+        worker, start, end = SPAN_BY_TEST.get(nodeid, ("", SESSION_START, SESSION_START))
+        f.write(f"{seconds:.1f},{start - SESSION_START:.1f},{end - SESSION_START:.1f},"
+                f"{worker},{nodeid}\n")
   top = sorted(CPU_BY_TEST.items(), key=lambda kv: -kv[1])[:15]
   terminalreporter.write_sep("=", f"most CPU time: {len(top)} of {len(CPU_BY_TEST)} tests "
                                   f"({sum(CPU_BY_TEST.values()) / 60:.1f} CPU minutes in all)")

@@ -30,7 +30,8 @@ def test_axis_products_must_fit_the_devices():
 def _fits(text, framework="jax", workload="bert", **kw):
   spec = registry.get(workload)
   cfg = spec.config("mini")
-  mesh.check_fits(mesh.ParallelConfig(mesh=text), framework=framework, workload=spec.name,
+  parallel = mesh.ParallelConfig(mesh=text, sequence_parallel=kw.get("sequence_parallel", False))
+  mesh.check_fits(parallel, framework=framework, workload=spec.name,
                   workload_axes=spec.mesh_axes, global_batch_size=kw.get("gbs", 32),
                   dims=spec.split_dims(cfg), devices=kw.get("devices"))
 
@@ -55,6 +56,17 @@ def _fits(text, framework="jax", workload="bert", **kw):
     # the default mesh puts every device on the data axis: resolved here, not in a trainer
     ("", {"devices": 3}, "train.global_batch_size=32 is not divisible by the data axis "
                          "(3: --cpu-devices 3); allowed: a multiple of 3"),
+    # sequence parallelism: JAX's, a workload with a residual stream laid out by position, and
+    # a model axis to split it over
+    ("data=1,model=2", {"workload": "llama31_8b", "framework": "tf", "sequence_parallel": True},
+     "parallel.sequence_parallel=true in TF: the sequence split of the residual stream is "
+     "JAX's (GSPMD layouts); allowed: false in TF"),
+    ("data=1,model=2", {"sequence_parallel": True}, "parallel.sequence_parallel=true: bert does "
+                                                   "not lay its residual stream out along the "
+                                                   "sequence; allowed: false"),
+    ("data=2", {"workload": "llama31_8b", "sequence_parallel": True},
+     "parallel.sequence_parallel=true splits the residual stream over the model axis, which "
+     "this mesh does not have; allowed: with --mesh model=N (N > 1), or false"),
 ])
 def test_fit_check_before_any_framework(text, kw, message):
   with pytest.raises(UsageError, match=message.replace("(", r"\(").replace(")", r"\)")):
@@ -64,6 +76,7 @@ def test_fit_check_before_any_framework(text, kw, message):
 def test_a_model_axis_fits_what_it_divides():
   _fits("data=2,model=4", devices=8)                # BERT mini: 4 heads, d_ff 128, vocab 64
   _fits("data=2,model=4", workload="transformer", devices=8)
+  _fits("data=2,model=2", workload="llama31_8b", devices=4, sequence_parallel=True)
 
 
 def test_mesh_coordinates_put_spatial_then_model_innermost():

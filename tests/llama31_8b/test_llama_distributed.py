@@ -24,7 +24,7 @@ pytestmark = pytest.mark.usefixtures("jax_float64")     # tests/conftest.py
 RTOL = 1e-9       # float64 sums in another order: ~1e-15 relative per op, far below this
 
 
-def llama_config(mesh="", microbatches=1, wus=False):
+def llama_config(mesh="", microbatches=1, wus=False, sequence_parallel=False):
   """tiny with 4 query and 2 key/value heads (a model axis of 2 splits both, keeping each
   query head's key/value head in its shard), 3 layers (a stage cut 2 + 1), synthetic batches of
   8, and the clip below the gradient's norm (it acts: it reads every stage's gradient)."""
@@ -35,11 +35,12 @@ def llama_config(mesh="", microbatches=1, wus=False):
       "optimizer.clip_norm=0.05", "train.jit_compile=false"])
   cfg.parallel.mesh, cfg.parallel.microbatches = mesh, microbatches
   cfg.parallel.weight_update_sharding = wus
+  cfg.parallel.sequence_parallel = sequence_parallel
   return cfg
 
 
-def trained_jax(mesh, microbatches=1, wus=False, steps=2):
-  cfg = llama_config(mesh, microbatches, wus)
+def trained_jax(mesh, microbatches=1, wus=False, steps=2, sequence_parallel=False):
+  cfg = llama_config(mesh, microbatches, wus, sequence_parallel)
   trainer = float64_trainer(spec, jax_model, cfg, mesh, wus=wus)
   batch, loss = trainer.synthetic_batch(), None
   for _ in range(steps):
@@ -64,6 +65,24 @@ def test_jax_pipelined_layouts_equal_one_device(one_device, mesh, wus, owned):
   np.testing.assert_allclose(float(many_loss), float(one_loss), rtol=RTOL)
   assert_trees_close(jax.device_get(many.params_of(many.state)),
                      jax.device_get(one.state.params), RTOL, atol_of_max=True)
+
+
+def test_jax_sequence_parallel_equals_one_device_and_keeps_fewer_activations(one_device):
+  """model=2 with parallel.sequence_parallel (Megatron-LM's sequence parallelism: the residual
+  stream, its norms and adds split over model along the sequence): two AdamW steps equal one
+  device in float64; the step gathers the sequence over model before the split matmuls (the
+  all-gathers the model split alone has none of) and its temporaries are fewer than the same
+  mesh's without it."""
+  one, one_loss = one_device
+  split, split_loss = trained_jax("data=1,model=2", sequence_parallel=True)
+  np.testing.assert_allclose(float(split_loss), float(one_loss), rtol=RTOL)
+  assert_trees_close(jax.device_get(split.params_of(split.state)),
+                     jax.device_get(one.state.params), RTOL, atol_of_max=True)
+  whole = float64_trainer(spec, jax_model, llama_config("data=1,model=2"), "data=1,model=2")
+  with_split, without = split.describe(), whole.describe()
+  assert ("all-gather", "model") in with_split.collectives_by_axis
+  assert ("all-gather", "model") not in without.collectives_by_axis
+  assert with_split.activation_bytes_per_device < without.activation_bytes_per_device
 
 
 def tf_trainer(mesh, wus=False):

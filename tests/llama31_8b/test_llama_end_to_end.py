@@ -1,7 +1,7 @@
 """Mini Llama runs through the command line, as a user starts them: JAX on data x model x
-stage (8 simulated devices: Megatron's split inside each of two GPipe stages, 2
-micro-batches) and TF on one device reach the mini target with logs the official 5.1.0
-checker passes (open division, as logged), carrying every key closed_llama31_8b.yaml requires
+stage (8 simulated devices: Megatron's split inside each of two GPipe stages with sequence
+parallelism, 2 micro-batches) and TF on one device reach the mini target with logs the
+official 5.1.0 checker passes (open division, as logged), carrying every key closed_llama31_8b.yaml requires
 with the preset's values, evals where the rules put them (every eval_interval_samples, logged
 with samples_count); the same log turned closed (the reference's sequence length and a value
 under 3.3) passes the closed checker, which shows nothing closed needs is missing."""
@@ -16,7 +16,11 @@ from tests.conftest import run_to_target
 pytestmark = pytest.mark.slow
 
 TARGET = 0.95
-RUNS = [("jax", "8", "data=2,model=2,stage=2", "2"), ("tf", "1", "data=1", "1")]
+# JAX's with sequence parallelism, as a run at scale would be (its float64 equality:
+# tests/llama31_8b/test_llama_distributed.py)
+RUNS = [("jax", "8", "data=2,model=2,stage=2", ("--set", "parallel.microbatches=2", "--set",
+                                               "parallel.sequence_parallel=true")),
+        ("tf", "1", "data=1", ())]
 
 
 def _events(path):
@@ -24,11 +28,11 @@ def _events(path):
     return [json.loads(line[len(":::MLLOG "):]) for line in f if line.startswith(":::MLLOG ")]
 
 
-@pytest.mark.parametrize("framework,devices,layout,microbatches", RUNS)
+@pytest.mark.parametrize("framework,devices,layout,options", RUNS,
+                         ids=["jax-data=2,model=2,stage=2-sequence_parallel", "tf-data=1"])
 def test_mini_llama_reaches_target_with_a_checker_clean_log(cli, tmp_path, framework, devices,
-                                                            layout, microbatches):
-  run_to_target(cli, tmp_path, framework, "llama31_8b", devices, layout, TARGET,
-                "--set", f"parallel.microbatches={microbatches}")
+                                                            layout, options):
+  run_to_target(cli, tmp_path, framework, "llama31_8b", devices, layout, TARGET, *options)
   row = pd.read_csv(tmp_path / "results.csv").iloc[0]
   assert row["framework"] == framework and row["preset"] == "mini"
   events = _events(row["log_path"])

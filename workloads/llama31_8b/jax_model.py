@@ -20,7 +20,9 @@ q/k/v, gate/up and lm_head; o_proj and down_proj normal(0, 0.02 / sqrt(2 x num_l
 RMSNorm scales at one. Parameters are float32, the compute in `dtype`.
 
 Activations are laid out by logical names (jax_runtime.constrain; nothing without a model axis):
-the residual stream whole on embed, q / k / v on heads (query heads and key/value heads both
+the residual stream whole on embed (split over model along the sequence under
+parallel.sequence_parallel: Megatron-LM's sequence parallelism, GSPMD then gathering the
+sequence before the split matmuls and reduce-scattering after them), q / k / v on heads (query heads and key/value heads both
 split contiguously, so with a model axis dividing num_kv_heads every query head's key/value
 head is on its own shard), the SwiGLU hidden on mlp, the logits on vocab.
 At the reference size the model has 8,030,261,248 parameters (`count_parameters`;
@@ -43,6 +45,7 @@ from workloads.parallel.jax_runtime import constrain
 
 MASK_ADDER = -1e9              # the portable path's additive causal mask: exp() of it is 0
 EMBED = ("batch", "length", "embed")
+RESIDUAL_SPLIT = ("batch", "residual_length", "embed")     # parallel.sequence_parallel's
 HEADS = ("batch", "length", "heads", "kv")
 
 
@@ -119,6 +122,7 @@ class RMSNorm(nn.Module):
 class DecoderLayer(nn.Module):
   config: spec.ModelConfig
   dtype: Any = jnp.float32
+  residual: tuple = EMBED           # the residual stream's layout: EMBED or RESIDUAL_SPLIT
 
   def setup(self):
     c = self.config
@@ -148,10 +152,11 @@ class DecoderLayer(nn.Module):
     v = constrain(self.v_proj(y).reshape(batch, length, c.num_kv_heads, d), HEADS)
     q, k = constrain(apply_rope(q, cos, sin), HEADS), constrain(apply_rope(k, cos, sin), HEADS)
     context = constrain(causal_attention(q, k, v, d ** -0.5), HEADS)
-    x = x + constrain(self.o_proj(context.reshape(batch, length, c.num_heads * d)), EMBED)
+    x = x + constrain(self.o_proj(context.reshape(batch, length, c.num_heads * d)),
+                      self.residual)
     y = self.post_attention_norm(x)
     hidden = constrain(nn.silu(self.gate_proj(y)) * self.up_proj(y), ("batch", "length", "mlp"))
-    return x + constrain(self.down_proj(hidden), EMBED)
+    return x + constrain(self.down_proj(hidden), self.residual)
 
 
 class LlamaLM(nn.Module):
@@ -161,6 +166,11 @@ class LlamaLM(nn.Module):
   config: spec.ModelConfig = dataclasses.field(default_factory=spec.ModelConfig)
   dtype: Any = jnp.float32          # compute dtype; parameters stay float32
   remat_policy: str = ""            # parallel.remat_policy, per decoder layer (jax_layers)
+  sequence_parallel: bool = False   # parallel.sequence_parallel
+
+  @property
+  def residual(self):
+    return RESIDUAL_SPLIT if self.sequence_parallel else EMBED
 
   def setup(self):
     c = self.config
@@ -168,7 +178,7 @@ class LlamaLM(nn.Module):
                                  embedding_init=nn.initializers.normal(c.initializer_range))
     layer = remat_block(DecoderLayer, self.remat_policy)
     for i in range(c.num_layers):
-      setattr(self, f"layer_{i}", layer(c, self.dtype))
+      setattr(self, f"layer_{i}", layer(c, self.dtype, self.residual))
     self.final_norm = RMSNorm(c.rms_norm_epsilon, self.dtype)
     self.lm_head = FlatDense(c.vocab_size, use_bias=False, dtype=self.dtype,
                             kernel_init=nn.initializers.normal(c.initializer_range))
@@ -178,7 +188,7 @@ class LlamaLM(nn.Module):
 
   def embed(self, tokens):
     """tokens [B, L] -> the residual stream [B, L, hidden] in the compute dtype."""
-    return constrain(self.embed_tokens(tokens).astype(self.dtype), EMBED)
+    return constrain(self.embed_tokens(tokens).astype(self.dtype), self.residual)
 
   def decode(self, x, start, end):
     """Decoder layers [start, end) on x [B, L, hidden]."""
@@ -206,7 +216,8 @@ class LlamaLM(nn.Module):
 
 def build(cfg, dtype=jnp.float32) -> LlamaLM:
   """The model of the workload config `cfg` (cfg.model), computing in `dtype`."""
-  return LlamaLM(config=cfg.model, dtype=dtype, remat_policy=cfg.parallel.remat_policy)
+  return LlamaLM(config=cfg.model, dtype=dtype, remat_policy=cfg.parallel.remat_policy,
+                 sequence_parallel=cfg.parallel.sequence_parallel)
 
 
 def parameter_shapes(model_cfg):

@@ -257,9 +257,10 @@ PARAM_AXES = (
 
 def split_dims(cfg: LlamaConfig) -> dict:
   """The sizes a mesh axis may split: the key/value heads bound the model axis (the query
-  heads are a multiple of them)."""
+  heads are a multiple of them), and so does the sequence under parallel.sequence_parallel."""
   return {"length": cfg.data.max_seq_length, "heads": cfg.model.num_kv_heads,
-          "mlp": cfg.model.intermediate_size, "vocab": cfg.model.vocab_size}
+          "mlp": cfg.model.intermediate_size, "vocab": cfg.model.vocab_size,
+          "residual_length": cfg.data.max_seq_length}
 
 
 def pipeline_layers(cfg: LlamaConfig) -> list[tuple[str, str]]:
