@@ -67,7 +67,9 @@ class StrategyTrainer(WorkloadTrainer):
 
   def after_update(self):
     """Inside the train step, after the optimizer's update (EfficientNet's weight average).
-    Default: nothing."""
+    Default: nothing (a body of a docstring alone left AutoGraph an empty `with` block: it
+    warned, on every TF run, that it could not transform this method)."""
+    return None
 
   def extra_state(self):
     """Training state beyond the model's and the optimizer's variables (EfficientNet's averaged
