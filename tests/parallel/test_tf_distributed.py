@@ -30,11 +30,13 @@ def tiny_config(image_size=16, **parallel):
   return cfg
 
 
-def trained(steps=3, optimizer="lars", image_size=16, **parallel):
+def trained(steps=3, optimizer="lars", image_size=16, evaluates=True, **parallel):
+  """`evaluates`: init (the train and eval loops traced); else build, for a trainer whose eval
+  is never run (its train loop is traced at its first train(): the same steps)."""
   cfg = tiny_config(image_size, **parallel)
   cfg.optimizer.name = optimizer
   trainer = spec.SPEC.make_trainer("tf", cfg, RunContext(seed=0, preset="mini"))
-  trainer.init()
+  trainer.init() if evaluates else trainer.build()
   if steps:
     trainer.train(steps)
   return trainer
@@ -78,7 +80,7 @@ def test_distributed_eval_counts_every_example_once(single_replica, data_paralle
 
 def test_weight_update_sharding_matches_unsharded_and_cuts_state_4x(single_replica,
                                                                    data_parallel):
-  sharded = trained(mesh="data=4", weight_update_sharding=True)
+  sharded = trained(mesh="data=4", weight_update_sharding=True, evaluates=False)
   assert_weights_close(weights_of(sharded), weights_of(single_replica))
   ratio = (sharded.describe().optimizer_state_bytes_per_device
            / data_parallel.describe().optimizer_state_bytes_per_device)
@@ -92,9 +94,9 @@ def test_grouped_bn_matches_a_hand_computed_reference():
   """Groups of 2 replicas x 4 examples on 4 replicas: batch norm over each group of 8
   examples, gradients summed over the 2 groups, running statistics averaged over them, LARS
   steps: computed here on one replica, group by group."""
-  grouped = trained(steps=3, mesh="data=4", bn_group_size=2)
+  grouped = trained(steps=3, mesh="data=4", bn_group_size=2, evaluates=False)
   assert grouped.num_devices == 4 and grouped.runtime.bn_group_size == 2
-  ref = trained(steps=0, mesh="data=1")
+  ref = trained(steps=0, mesh="data=1", evaluates=False)      # its loss_and_grads alone
   batches = input_pipeline.train_dataset(ref.cfg, 16, seed=0).as_numpy_iterator()
   bns = [l for l in ref.model.layers if isinstance(l, keras.layers.BatchNormalization)]
   loss_and_grads = tf.function(ref.loss_and_grads)       # one trace for the 6 group steps

@@ -55,27 +55,28 @@ def whole_weights(trainer):
           for path, var in tf_layers.params_by_path(trainer.model).items()}
 
 
-_TRACED = {}      # id(trainer) -> (trainer, its traced gradient function)
+_TRACED = {}      # id(trainer) -> (trainer, its traced loss and gradient function)
 
 
-def summed_gradients(trainer):
+def summed_gradients(trainer, with_loss=False):
   """Every weight's gradient as the train step reduces it (a shard's over its data peers),
-  assembled whole on the host from the replicas."""
+  assembled whole on the host from the replicas; with_loss: (the loss, those gradients), from
+  the same traced step (one trace a trainer serves both)."""
   rt, batch = trainer.runtime, trainer.train_dataset(0, 1)
   paths = list(tf_layers.params_by_path(trainer.model))
   by_var = {id(v): p for p, v in tf_layers.params_by_path(trainer.model).items()}
 
   def replica(batch):
-    _, grads = trainer.loss_and_grads(batch)
+    loss, grads = trainer.loss_and_grads(batch)
     n = len(trainer.model.trainable_variables)
     whole = [g / rt.model for g in rt.all_sum(grads[:n])] if rt.distributed else grads[:n]
-    return whole + [rt.data_sum(g) for g in grads[n:]]
+    return loss, whole + [rt.data_sum(g) for g in grads[n:]]
 
   if id(trainer) not in _TRACED:          # traced once a trainer: it reads the variables
     iterator = trainer._distributed(lambda i, n: batch, 8)   # pylint: disable=protected-access
     _TRACED[id(trainer)] = trainer, tf.function(
         lambda: trainer.strategy.run(replica, args=(next(iterator),)))
-  grads = _TRACED[id(trainer)][1]()       # the same synthetic batch every call
+  losses, grads = _TRACED[id(trainer)][1]()       # the same synthetic batch every call
   local = lambda g: trainer.strategy.experimental_local_results(g)
   out = {}
   for var, grad in zip(trainer.model.trainable_variables, grads):
@@ -88,6 +89,8 @@ def summed_gradients(trainer):
       shards.setdefault(rt.shape.coordinates(r)["model"], value.numpy())
     out[path] = np.concatenate([shards[m] for m in range(rt.model)], weight.dim)
   assert set(out) == set(paths)
+  if with_loss:         # a model peer's loss is its data shard's: summed over data replicas
+    return sum(v.numpy() for v in local(losses)) / rt.model, out
   return out
 
 
@@ -143,7 +146,9 @@ def test_transformer_model_parallel_equals_one_replica(one_replica, mesh, wus):
 
 
 def test_each_replica_holds_only_its_shard_and_shard_gradients_stay_off_model():
-  trainer = model_parallel("data=2,model=2")        # the equality test's (traced once)
+  """On the equality test's data=2,model=2 trainer (weight-update sharding: its traced step
+  read here, no second trainer built and traced)."""
+  trainer = model_parallel("data=2,model=2", wus=True)
   rt = trainer.runtime
   assert trainer.model.vocab_parallel
   for weight in rt.sharded_weights:
@@ -151,12 +156,15 @@ def test_each_replica_holds_only_its_shard_and_shard_gradients_stay_off_model():
     for component in weight.variable.values:          # one per replica, on its device
       assert int(np.prod(component.shape)) * 8 * 2 == whole, weight.name
   assert len({c.device for c in rt.sharded_weights[0].variable.values}) == 4
-  # the traced step: one data-peer sum per sharded weight's gradient (and the optimizer's own
-  # whole-tensor norms are none here: Adam); the model axis carries activations only
+  # the traced step: one data-peer sum per sharded weight's gradient, and one more that puts
+  # the shards' updated slices back together (weight-update sharding: each data peer updates
+  # its slice of every shard, packed in one sum of the same bytes); the optimizer's own
+  # whole-tensor norms are none here (Adam); the model axis carries activations only
   calls = {k: v // rt.num_replicas for k, v in trainer.traced_calls.items()}
-  assert calls["all_reduce_over_data"] == len(rt.sharded_weights) == 1 + 3 * 4 + 2 * 3
+  assert calls["all_reduce_over_data"] - 1 == len(rt.sharded_weights) == 1 + 3 * 4 + 2 * 3
   nbytes = {k: v // rt.num_replicas for k, v in trainer.traced_bytes.items()}
-  assert nbytes["all_reduce_over_data"] == sum(w.bytes_per_replica() for w in rt.sharded_weights)
+  assert nbytes["all_reduce_over_data"] == 2 * sum(w.bytes_per_replica()
+                                                   for w in rt.sharded_weights)
   # over `model`: activations (local batch 4 x 12 positions x 32) and smaller, never a weight
   assert nbytes["all_reduce_over_model"] <= calls["all_reduce_over_model"] * 4 * 12 * 32 * 8
   info = trainer.describe()
@@ -227,11 +235,13 @@ def test_bert_model_parallel_with_lamb_equals_one_replica(mesh, wus):
 
 def test_tf_model_parallel_equals_jax_on_the_same_weights():
   """The flax model's float64 weights loaded into the TF model on data=2,model=2: the same
-  loss and gradients (TF's assembled from the replicas' shards) as JAX on one device."""
+  loss and gradients (TF's assembled from the replicas' shards) as JAX on one device. The
+  module's data=2,model=2 trainer (weight-update sharding, which splits only the update) and
+  its traced loss and gradients: every weight is loaded from flax below."""
   import jax                                       # pylint: disable=import-outside-toplevel
   import jax.numpy as jnp                          # pylint: disable=import-outside-toplevel
   from workloads.transformer import jax_model, jax_trainer, tf_model  # pylint: disable=import-outside-toplevel
-  trainer = model_parallel("data=2,model=2")        # every weight is loaded from flax below
+  trainer = model_parallel("data=2,model=2", wus=True)
   batch = {k: v.numpy() for k, v in next(iter(trainer.train_dataset(0, 1))).items()}
   cfg = trainer.cfg
   with jax.enable_x64(True):
@@ -244,14 +254,9 @@ def test_tf_model_parallel_equals_jax_on_the_same_weights():
     jax_loss, jax_grads = jax.jit(jax.value_and_grad(loss_fn))(params)
     jax_grads = jax.tree.map(np.asarray, jax_grads)
   tf_layers.load_flax_variables(trainer.model, {"params": jax.tree.map(np.asarray, params)})
-  rt = trainer.runtime
-  iterator = trainer._distributed(                       # pylint: disable=protected-access
-      lambda i, n: tf.data.Dataset.from_tensors(batch).repeat(), 8)
-  losses = tf.function(lambda: trainer.strategy.run(
-      lambda b: trainer.loss_and_grads(b)[0], args=(next(iterator),)))()
-  tf_loss = sum(v.numpy() for v in trainer.strategy.experimental_local_results(losses)) / rt.model
+  tf_loss, tf_grads = summed_gradients(trainer, with_loss=True)     # on `batch` again
   np.testing.assert_allclose(tf_loss, float(jax_loss), rtol=RTOL)
-  for path, grad in summed_gradients(trainer).items():
+  for path, grad in tf_grads.items():
     expected = jax_grads
     for key in path:
       expected = expected[key]

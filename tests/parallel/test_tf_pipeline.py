@@ -85,10 +85,11 @@ def test_tf_resnet_with_data_axis_is_refused_in_one_line(cli):
 
 
 # ------------------------------------------------------------------ Transformer against TF
-def tf_transformer(mesh, microbatches=1, remat=False, dropout=0.0, compiled=True):
-  """`compiled`: init (the train loop traced, for train()); else build (loss_and_grads only)."""
+def tf_transformer(mesh, microbatches=1, remat=False, dropout=0.0, compiled=True, layers=2):
+  """`compiled`: init (the train loop traced, for train()); else build (loss_and_grads only).
+  `layers` a stack: the pipeline cuts 2 x layers (stage=4 needs 2)."""
   cfg = tiny_config(mesh)
-  cfg.model.num_layers = 2
+  cfg.model.num_layers = layers
   cfg.model.dropout = cfg.model.attention_dropout = cfg.model.relu_dropout = dropout
   cfg.parallel.microbatches, cfg.parallel.remat = microbatches, remat
   trainer = transformer_spec.SPEC.make_trainer("tf", cfg, RunContext(seed=0, preset="tiny"))
@@ -99,7 +100,17 @@ def tf_transformer(mesh, microbatches=1, remat=False, dropout=0.0, compiled=True
 
 @pytest.fixture(scope="module")
 def one_replica():
-  return tf_transformer("data=1", dropout=DROPOUT)
+  """layers -> the one-replica trainer of that depth, made at its first use, its loss_and_grads
+  traced once for the module (every test's batch has the same shapes, and the step count its
+  dropout masks read is a variable)."""
+  made = {}
+
+  def reference(layers):
+    if layers not in made:
+      trainer = made[layers] = tf_transformer("data=1", dropout=DROPOUT, layers=layers)
+      trainer.traced_loss_and_grads = tf.function(trainer.loss_and_grads)
+    return made[layers]
+  return reference
 
 
 DROPOUT = 0.1        # everywhere: the masks, keyed by (step, layer, example), are the same
@@ -117,16 +128,21 @@ def weights(trainer):
 # table).
 # Dropout on: the masks do not depend on stages or micro-batches, and the re-materialized
 # forward redraws the same ones (this was a test of its own: the same trainers, 25 CPU s).
-@pytest.mark.parametrize("mesh,microbatches,remat", [
-    ("stage=2,data=2", 2, False), ("stage=4,data=1", 1, True)])
-def test_tf_transformer_pipelined_equals_one_replica(one_replica, mesh, microbatches, remat):
-  piped = tf_transformer(mesh, microbatches, remat, dropout=DROPOUT)
+# Two stages hold one layer each (the encoder's on the first, the decoder's on the second: the
+# embedding shared by both ends, the encoder's output sent on): two layers a stack there doubled
+# the data x stage graph (36 CPU s) and showed nothing more; four stages need two.
+@pytest.mark.parametrize("mesh,microbatches,remat,layers", [
+    ("stage=2,data=2", 2, False, 1), ("stage=4,data=1", 1, True, 2)])
+def test_tf_transformer_pipelined_equals_one_replica(one_replica, mesh, microbatches, remat,
+                                                     layers):
+  one_replica = one_replica(layers)
+  piped = tf_transformer(mesh, microbatches, remat, dropout=DROPOUT, layers=layers)
   start = weights(one_replica)
   for path, var in tf_layers.params_by_path(piped.model).items():
     var.assign(start[path])
   batch = piped.train_dataset(0, 1).take(1).get_single_element()
   loss, grads = tf.function(piped.loss_and_grads)(batch)
-  reference = tf.function(one_replica.loss_and_grads)
+  reference = one_replica.traced_loss_and_grads
   want_loss, want_grads = reference(batch)
   if remat:             # the masks are on: the same batch at the next step draws other ones
     one_replica.optimizer.iterations.assign(1)
@@ -174,6 +190,8 @@ def test_tf_stages_own_their_weights_and_optimizer_slots(make):
   slots = {place(v.value.device) for v in trainer.optimizer.variables if v is not trainer.optimizer.iterations}
   assert slots == set(by_device)
   weights_bytes = sum(by_device.values())
-  info = trainer.describe()
+  # without GPipe's figures (two more traces of the step, with and without remat): those are
+  # test_pipeline_end_to_end.py's test_tf_describe_keeps_fewer_activations_with_recompute_grad
+  info = trainer.describe(pipeline=False)
   assert info.parameter_bytes_per_device == max(by_device.values()) < weights_bytes
   assert info.parameter_bytes_without_stages == weights_bytes

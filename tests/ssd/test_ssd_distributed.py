@@ -118,8 +118,31 @@ def test_tf_spatial_rows_pad_the_reference_image_to_split_at_every_level():
   assert spec.spatial_rows(cfg, 2) == 64
 
 
+def tf_state(trainer):
+  return {v.path: v.numpy() for v in trainer.model.weights}
+
+
+def tf_float64(evaluates=False, **parallel):
+  """Three SGD steps in float64 (the layouts differ only by summation order, ~1e-15) on 56-px
+  images; `evaluates`: init (the eval loop traced too), else build (the train loop is traced
+  at the first train())."""
+  cfg = tiny_config(**parallel)
+  cfg.data.image_size = 56
+  trainer = spec.SPEC.make_trainer("tf", cfg, RunContext(seed=0, preset="tiny"))
+  trainer.dtype = "float64"
+  trainer.init() if evaluates else trainer.build()
+  trainer.train(3)
+  return trainer
+
+
+@pytest.fixture(scope="module")
+def tf_single():
+  """One replica's weights and batch-norm statistics: both TF layouts' reference."""
+  return tf_state(tf_float64(mesh="data=1"))
+
+
 @pytest.mark.slow
-def test_tf_spatial_partitioning_equals_one_replica():
+def test_tf_spatial_partitioning_equals_one_replica(tf_single):
   """Row slabs with halo exchange in the backbone, its map gathered for the extra layers and
   heads (Google's v0.7 SSD split 4 and 8 ways), on 56-px images that do not split (28, 14, 7
   rows): padded to 64 rows, each level's padding rows zeroed and left out of batch norm's
@@ -127,29 +150,17 @@ def test_tf_spatial_partitioning_equals_one_replica():
   after three SGD steps as one replica on the unpadded image, and the same eval. Two slabs
   and no data axis: slabs beside data replicas (batch norm over both) is ResNet's TF spatial
   test in tests/parallel/test_tf_distributed.py; on data=2,spatial=2 here it cost 51 CPU s."""
-  def tf_state(trainer):
-    return {v.path: v.numpy() for v in trainer.model.weights}
-
-  def float64(mesh):          # float64: the two differ only by summation order (~1e-15)
-    cfg = tiny_config(mesh=mesh)
-    cfg.data.image_size = 56
-    trainer = spec.SPEC.make_trainer("tf", cfg, RunContext(seed=0, preset="tiny"))
-    trainer.dtype = "float64"
-    trainer.init()
-    trainer.train(3)
-    return trainer
-  one, split = float64("data=1"), float64("data=1,spatial=2")
+  split = tf_float64(evaluates=True, mesh="data=1,spatial=2")
   assert split.num_devices == 2 and split.runtime.spatial == 2
   assert split.model.input_shape == (None, 32, 56, 3)          # a slab of the 64 padded rows
-  assert_close(tf_state(split), tf_state(one), rtol=1e-9, atol=1e-12)
+  assert_close(tf_state(split), tf_single, rtol=1e-9, atol=1e-12)
   assert split.evaluate()["count"] == split.cfg.data.eval_examples
 
 
 @pytest.mark.slow
-def test_tf_two_replicas_with_weight_update_sharding_equal_one():
-  def tf_state(trainer):
-    return {v.path: v.numpy() for v in trainer.model.weights}
-  one = tf_state(trained("tf", mesh="data=1"))
-  two = trained("tf", mesh="data=2", weight_update_sharding=True)
+def test_tf_two_replicas_with_weight_update_sharding_equal_one(tf_single):
+  """Data parallel with global batch norm and each replica updating half the weights (their
+  slots split too): the same weights and statistics as one replica, in float64."""
+  two = tf_float64(mesh="data=2", weight_update_sharding=True)
   assert two.num_devices == 2 and two.sharded is not None
-  assert_close(tf_state(two), one, rtol=1e-4, atol=1e-5)
+  assert_close(tf_state(two), tf_single, rtol=1e-9, atol=1e-12)
