@@ -1,8 +1,9 @@
 """Llama's trainers on simulated devices, in float64: the JAX step on data x model x stage
 (Megatron's split of heads, FFN and vocabulary over `model`, GPipe over `stage` with the stages
 owning their weights and AdamW state, the clip reading every stage's gradient) with AdamW's
-state sharded over `data`, and TF's data x model with weight-update sharding, each equal to one
-device over two AdamW steps with the clip acting.
+state sharded over `data`, JAX's sequence parallelism on `model` (the residual stream split over
+the sequence: an all-gather in the step, fewer temporaries), and TF's data x model with
+weight-update sharding, each equal to one device over two AdamW steps with the clip acting.
 
 Why these two layouts: the JAX one composes every axis the workload has (each axis alone is a
 special case of it: the per-axis code is the shared runtime's, tested on BERT, the Transformer
